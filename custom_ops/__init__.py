@@ -1,0 +1,1 @@
+"""The ORT-facing side of ortfuse: fused op specs, their registration with ORT, and kernels."""

@@ -1,0 +1,24 @@
+"""ortfuse: a drop-in ``onnxruntime`` that fuses operator chains ORT leaves unfused.
+
+``import ortfuse as ort`` gives every public name of ``onnxruntime``; only
+``InferenceSession`` is replaced, by a subclass that accepts ``fusion=`` and
+``fusion_patterns=`` on top of ORT's exact signature.
+"""
+
+from __future__ import annotations
+
+import onnxruntime as _ort
+
+# Re-export the whole public onnxruntime namespace first, so that ours overrides it below.
+for _name in dir(_ort):
+    if not _name.startswith("_"):
+        globals()[_name] = getattr(_ort, _name)
+del _name
+
+__version__ = "0.1.0"
+
+from ortfuse.report import FusionReport  # noqa: E402
+from ortfuse.rewrite import fuse  # noqa: E402
+from ortfuse.session import InferenceSession  # noqa: E402
+
+from ortfuse import backend  # noqa: E402,F401  (ortfuse.backend mirrors onnxruntime.backend)

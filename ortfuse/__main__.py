@@ -1,0 +1,3 @@
+from ortfuse.cli import main
+
+raise SystemExit(main())

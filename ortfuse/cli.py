@@ -1,0 +1,53 @@
+"""Command line: ``ortfuse <command>`` and ``ortfuse-annotate``.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them together, importing each lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "bench": ("ortfuse.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
+    "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortfuse", description="ONNX Runtime with operator fusion.")
+    parser.add_argument("--version", action="version", version=f"ortfuse {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _version() -> str:
+    from ortfuse import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+def annotate_main(argv: list[str] | None = None) -> int:
+    from ortfuse import annotate
+
+    return int(annotate.main(argv) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

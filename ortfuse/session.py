@@ -1,0 +1,184 @@
+"""``ortfuse.InferenceSession``: ORT's session with ``fusion=`` and ``fusion_patterns=`` on top.
+
+Contract:
+- The signature is ORT's, plus keyword-only ``fusion`` (None | False | True | "auto") and
+  ``fusion_patterns`` (None | list of pattern ids). ``path_or_bytes`` may also be an ``onnx.ModelProto``.
+- ``fusion=None`` follows the model's metadata: an annotated model (``fusion_enabled=true``) fuses,
+  any other model runs exactly as stock ORT (same bytes or path handed to ORT, same options).
+- When fusion applies, the rewritten model is what ORT loads and what ``set_providers`` rebuilds from
+  (ORT keeps it in ``_model_bytes``), and ORT transformers that would undo an owned pattern are
+  disabled by name on every (re)creation.
+- Whenever ortfuse cannot fuse safely (unreadable model, ORT format, external data it cannot load,
+  initializers supplied through SessionOptions, nothing matched), it steps aside and ORT gets the
+  original input: never an error where ORT succeeds. ``fusion_report`` says what happened and why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import onnx
+import onnxruntime as _ort
+
+from ortfuse import metadata
+from ortfuse.catalogue import validate_patterns
+from ortfuse.report import FusionReport
+from ortfuse.rewrite import fuse
+
+_PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
+
+
+@dataclass
+class _Plan:
+    """What to hand to ORT instead of the user's input when fusion applies."""
+
+    model_bytes: bytes
+    report: FusionReport
+    disabled_optimizers: set[str] = field(default_factory=set)
+    needs_custom_ops: bool = False
+
+
+def _config_entry(sess_options, key: str) -> str:
+    """A session config entry, or "" when unset (ORT raises for a missing key)."""
+    if sess_options is None:
+        return ""
+    try:
+        return sess_options.get_session_config_entry(key)
+    except RuntimeError:
+        return ""
+
+
+def _valid_fusion_value(fusion) -> bool:
+    return fusion is None or fusion is True or fusion is False or fusion == "auto"
+
+
+def _load_for_fusion(source: str | bytes, sess_options) -> tuple[onnx.ModelProto | None, str]:
+    """Parse the model without its external data; return (model, "") or (None, reason to step aside)."""
+    if isinstance(source, str):
+        fmt = _config_entry(sess_options, "session.load_model_format")
+        if source.lower().endswith(".ort") or fmt.upper() == "ORT":
+            return None, "ORT-format models are run as stock ORT runs them"
+        try:
+            return onnx.load(source, load_external_data=False), ""
+        except Exception as exc:  # ORT reports unreadable files itself, with its own error type
+            return None, f"onnx could not read the model ({type(exc).__name__}); ORT loads it unchanged"
+    try:
+        return onnx.load_from_string(source), ""
+    except Exception as exc:
+        return None, f"onnx could not parse the model bytes ({type(exc).__name__}); ORT loads them unchanged"
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
+
+
+def _resolve_external_data(model: onnx.ModelProto, source: str | bytes) -> str:
+    """Load external initializers into ``model``; return "" or the reason fusion must step aside."""
+    if not _has_external_data(model):
+        return ""
+    if not isinstance(source, str):
+        return "the model bytes refer to external data files, which only ORT can locate"
+    try:
+        onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(source)))
+    except Exception:
+        return (
+            "external initializers are not on disk (supplied through SessionOptions or missing); "
+            "ORT loads the model unchanged"
+        )
+    return ""
+
+
+def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan | None, FusionReport]:
+    """Decide whether and how to fuse; never raises for a model ORT could load, except for bad
+    fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix."""
+    if fusion is False:
+        return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it")
+    explicit = validate_patterns(fusion_patterns) if fusion_patterns is not None else None
+    model, why_not = _load_for_fusion(source, sess_options)
+    if model is None:
+        return None, FusionReport(reason=why_not, stepped_aside=True)
+    request = metadata.parse_request(metadata.read_props(model))
+    if fusion is None:
+        if not request.annotated:
+            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
+        if not request.enabled:
+            return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT")
+    patterns = explicit if explicit is not None else validate_patterns(request.patterns)
+    why_not = _resolve_external_data(model, source)
+    if why_not:
+        return None, FusionReport(reason=why_not, patterns=list(patterns), stepped_aside=True)
+    fused, report = fuse(model, patterns)
+    if not report.applied:
+        return None, report
+    data = fused.SerializeToString()
+    if len(data) > _PROTOBUF_LIMIT:
+        report.applied = False
+        report.reason = "the fused model would exceed protobuf's 2 GiB limit; ORT loads the original"
+        report.stepped_aside = True
+        return None, report
+    needs_custom_ops = any(n.domain == "ai.onnx.contrib" for n in fused.graph.node)
+    plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops)
+    return plan, report
+
+
+class InferenceSession(_ort.InferenceSession):
+    """Drop-in for ``onnxruntime.InferenceSession`` that applies ortfuse's fusions.
+
+    ``fusion_report`` (a :class:`~ortfuse.report.FusionReport`) says what was fused and why not.
+    """
+
+    def __init__(
+        self,
+        path_or_bytes,
+        sess_options=None,
+        providers=None,
+        provider_options=None,
+        *,
+        fusion=None,
+        fusion_patterns=None,
+        **kwargs,
+    ) -> None:
+        if not _valid_fusion_value(fusion):
+            raise ValueError(f"fusion must be None, False, True or 'auto', got {fusion!r}.")
+        if isinstance(path_or_bytes, onnx.ModelProto):
+            path_or_bytes = path_or_bytes.SerializeToString()
+        elif isinstance(path_or_bytes, os.PathLike):
+            path_or_bytes = os.fspath(path_or_bytes)
+        self.fusion = fusion
+        self._ortfuse_disabled_optimizers: set[str] = set()
+        source = path_or_bytes
+        plan = None
+        if isinstance(path_or_bytes, (str, bytes)):
+            plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns)
+        else:  # ORT raises its own TypeError for this input
+            self.fusion_report = FusionReport(reason=f"unsupported input type {type(path_or_bytes).__name__}")
+        if plan is not None:
+            source = plan.model_bytes
+            self._ortfuse_disabled_optimizers = plan.disabled_optimizers
+            if plan.needs_custom_ops:
+                sess_options = _with_custom_ops(sess_options)
+        elif fusion is True or fusion == "auto":
+            if self.fusion_report.stepped_aside:
+                warnings.warn(f"ortfuse: fusion requested but not applied: {self.fusion_report.reason}", stacklevel=2)
+        super().__init__(source, sess_options, providers, provider_options, **kwargs)
+
+    def _create_inference_session(self, providers, provider_options, disabled_optimizers=None):
+        merged = set(disabled_optimizers or ()) | self._ortfuse_disabled_optimizers
+        super()._create_inference_session(providers, provider_options, merged or disabled_optimizers)
+
+
+_REGISTERED_KEY = "ortfuse.custom_ops_registered"
+
+
+def _with_custom_ops(sess_options):
+    """Register the onnxruntime-extensions library (which carries our fused ops) once per options."""
+    from ortfuse.custom_ops import registration
+
+    if sess_options is None:
+        sess_options = _ort.SessionOptions()
+    if _config_entry(sess_options, _REGISTERED_KEY) != "1":
+        registration.register_library(sess_options)
+        sess_options.add_session_config_entry(_REGISTERED_KEY, "1")
+    return sess_options
