@@ -98,7 +98,8 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     explicit = validate_patterns(fusion_patterns) if fusion_patterns is not None else None
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
-        return None, FusionReport(reason=why_not, stepped_aside=True)
+        # Not warned about: ORT reads the input itself and raises its own error if it cannot.
+        return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"])
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
@@ -160,7 +161,7 @@ class InferenceSession(_ort.InferenceSession):
             if plan.needs_custom_ops:
                 sess_options = _with_custom_ops(sess_options)
         elif fusion is True or fusion == "auto":
-            if self.fusion_report.stepped_aside:
+            if self.fusion_report.stepped_aside and "model not parsed by onnx" not in self.fusion_report.notes:
                 warnings.warn(f"ortfuse: fusion requested but not applied: {self.fusion_report.reason}", stacklevel=2)
         super().__init__(source, sess_options, providers, provider_options, **kwargs)
 

@@ -1,0 +1,29 @@
+"""``import ortfuse as ort`` gives every public name of ``onnxruntime``; only the session differs."""
+
+import onnxruntime
+
+import ortfuse
+
+OWN = {"InferenceSession", "backend"}
+
+
+def test_every_public_onnxruntime_name_is_reexported():
+    public = {n for n in dir(onnxruntime) if not n.startswith("_")}
+    missing = sorted(n for n in public if not hasattr(ortfuse, n))
+    assert not missing, f"ortfuse lacks onnxruntime names: {missing}"
+    differing = sorted(n for n in public - OWN if getattr(ortfuse, n) is not getattr(onnxruntime, n))
+    assert not differing, f"ortfuse re-exports other objects under these names: {differing}"
+
+
+def test_named_essentials_are_the_same_objects():
+    for name in ("SessionOptions", "GraphOptimizationLevel", "RunOptions", "OrtValue", "IOBinding",
+                 "get_available_providers", "get_device", "SparseTensor", "ExecutionMode"):
+        assert getattr(ortfuse, name) is getattr(onnxruntime, name), name
+
+
+def test_own_names_are_ortfuse_objects():
+    assert ortfuse.InferenceSession is not onnxruntime.InferenceSession
+    assert issubclass(ortfuse.InferenceSession, onnxruntime.InferenceSession)
+    assert ortfuse.backend.__name__ == "ortfuse.backend"
+    for fn in ("prepare", "run_model", "run_node", "supports_device", "is_compatible"):
+        assert callable(getattr(ortfuse.backend, fn)), fn
