@@ -1,6 +1,6 @@
 """A small graph builder: unique names, scopes, and two weight styles.
 
-``GraphBuilder(const_weights=False)`` stores weights as initializers;
+``GraphBuilder(name, seed)`` stores weights as initializers;
 ``const_weights=True`` stores every tensor (weights and scalars) as the output of a
 ``Constant`` node, the way PyTorch exporters write them. Node names follow the exporter
 style ``/scope/Op`` and outputs ``/scope/Op_output_0``; every name is unique.
@@ -70,24 +70,30 @@ class GraphBuilder:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         return name
 
-    def output(self, name: str, shape: Shape) -> str:
-        """Declare the tensor ``name`` (made with ``op(..., out=name)``) a float32 graph output."""
+    def output(self, tensor: str, name: str, shape: Shape) -> str:
+        """Declare ``tensor`` a float32 graph output, renamed to ``name``."""
+        if name in self._used:
+            raise ValueError(f"tensor name {name!r} already used")
+        self._used.add(name)
+        for node in self.nodes:
+            for names in (node.input, node.output):
+                for i, n in enumerate(names):
+                    if n == tensor:
+                        names[i] = name
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         return name
 
-    def op(self, op_type: str, inputs: Sequence[str], *, out: str | None = None, **attrs) -> str:
-        """Append one node with a single output (named ``out`` if given); returns that name."""
+    def op(self, op_type: str, inputs: Sequence[str], **attrs) -> str:
+        """Append one node with a single output; returns the output name."""
         node_name = self._node_name(op_type)
-        if out is not None and out in self._used:
-            raise ValueError(f"tensor name {out!r} already used")
-        out = self._unique(out or f"{node_name}_output_0")
+        out = self._unique(f"{node_name}_output_0")
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=node_name, **attrs))
         return out
 
     def weight(self, hint: str, value: np.ndarray) -> str:
         """Add a tensor in this builder's weight style; named ``scope.hint``."""
         name = self._unique(".".join([*self._scopes, hint]))
-        tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        tensor = numpy_helper.from_array(np.array(value, order="C"), name)  # keeps 0-d scalars 0-d
         if self.const_weights:
             node_name = self._node_name("Constant")
             self.nodes.append(helper.make_node("Constant", [], [name], name=node_name, value=tensor))
@@ -103,8 +109,8 @@ class GraphBuilder:
         """An int64 vector (e.g. a Reshape target) in this builder's weight style."""
         return self.weight(hint, np.array(values, dtype=np.int64))
 
-    def model(self, doc: str = "") -> onnx.ModelProto:
-        """The finished model: opset 17, IR version 8, fixed producer, no timestamps."""
+    def model(self) -> onnx.ModelProto:
+        """The finished model: opset 17, IR version 8, fixed producer, nothing time-dependent."""
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         model = helper.make_model(
             graph,
@@ -112,5 +118,4 @@ class GraphBuilder:
             producer_name=PRODUCER,
             ir_version=IR_VERSION,
         )
-        model.doc_string = doc
         return model

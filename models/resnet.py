@@ -58,8 +58,6 @@ def make(const_weights: bool = False) -> onnx.ModelProto:
             "Gemm",
             [x, g.weight("weight", w.astype("float32")), g.weight("bias", b.astype("float32"))],
             transB=1,
-            out="output",
         )
-    g.output(x, ["batch", NUM_CLASSES])
-    name = "resnet50_const" if const_weights else "resnet50"
-    return g.model(doc=f"{name}: {__doc__.splitlines()[0]}")
+    g.output(x, "output", ["batch", NUM_CLASSES])
+    return g.model()

@@ -13,6 +13,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS = {
     "bench": ("ortfuse.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
+    "report": ("ortfuse.report_cli", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
 }
 

@@ -1,6 +1,11 @@
 """``fuse(model, patterns) -> (ModelProto, FusionReport)``: the library entry point of the rewriter.
 
-Pipeline: match (patterns) -> legality (ok | reason) -> rewrite (+ metadata, provenance).
+Pipeline: match every requested pattern on the original graph (patterns in catalogue priority,
+anchors in graph order, no node claimed twice) -> legality (each matcher returns a Reject with its
+reason) -> rewrite (one fused node per match, placed where its last replaced node was; folded
+weights as new initializers; dead constants dropped; value_info kept for fused outputs) ->
+metadata and provenance -> ``onnx.checker``. The input model is never modified. Only the top-level
+graph is rewritten: If/Loop/Scan bodies are left alone, and outer tensors they read count as used.
 """
 
 from __future__ import annotations
@@ -9,17 +14,183 @@ from collections.abc import Iterable
 
 import onnx
 
+from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
-from ortfuse.report import FusionReport
+from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
+from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
+from ortfuse.ort_territory import reserved_for_ort
+from ortfuse.patterns import MATCHERS
+from ortfuse.patterns.base import Match, Reject
+from ortfuse.report import FUSED, REJECTED, FusionReport, MatchRecord
+
+GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
+REFERENCE_KERNEL = "reference (numpy through onnxruntime-extensions Python op)"
+
+
+def is_rewritten(model: onnx.ModelProto) -> bool:
+    """True when the graph already holds ortfuse's fused ops (saved by ``ortfuse-annotate --rewrite``)."""
+    return any(n.domain == DOMAIN and spec_for_op_type(n.op_type) for n in model.graph.node)
+
+
+def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
+    """The report of a model saved already fused, rebuilt from its nodes' provenance attributes."""
+    report = FusionReport(applied=True)
+    for node in model.graph.node:
+        if node.domain == DOMAIN and spec_for_op_type(node.op_type):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            pid = attrs.get("pattern_id", b"").decode()
+            replaced = attrs.get("replaced_nodes", b"").decode().split(",")
+            report.matches.append(MatchRecord(pid, replaced, FUSED, fused_node=node.name, kernel=REFERENCE_KERNEL))
+    report.patterns = sorted({m.pattern_id for m in report.matches})
+    report.reason = f"model was saved already fused ({len(report.matches)} fused op(s))"
+    return report
 
 
 def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
 
-    The input model is never modified. Unknown pattern ids raise ``UnknownPatternError``.
+    Unknown pattern ids raise ``UnknownPatternError``; a model whose rewrite would fail
+    ``onnx.checker`` comes back unchanged with the reason in the report.
     """
     ids = validate_patterns(patterns)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    report = FusionReport(applied=False, reason="the rewriter has no rules yet", patterns=list(ids))
+    report = FusionReport(patterns=list(ids))
+    if is_rewritten(model):
+        report.reason = "the model already holds ortfuse fused ops; it is not matched again"
+        return out, report
+    ix = GraphIndex(out)
+    if ix.shape_inference_error:
+        report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
+    matches = _match_all(ix, ids, report)
+    if not matches:
+        report.reason = "no candidate was fused" if report.matches else "no pattern matched"
+        return out, report
+    _apply(out, ix, matches)
+    metadata.write_props(out, {
+        metadata.FUSION_ENABLED: "true",
+        metadata.FUSION_PATTERN_ID: ",".join(ids),
+        metadata.ORTFUSE_VERSION: _version(),
+        metadata.GRAPH_DIGEST: metadata.graph_digest(model),
+    })
+    try:
+        onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as exc:
+        unchanged = onnx.ModelProto()
+        unchanged.CopyFrom(model)
+        report.reason = f"internal error: the rewritten model failed onnx.checker ({exc}); model left unfused"
+        for record in report.fused:
+            record.decision, record.reason = REJECTED, "rewrite failed onnx.checker"
+        return unchanged, report
+    report.applied = True
+    report.reason = f"{len(matches)} fused op(s)"
     return out, report
+
+
+def _version() -> str:
+    from ortfuse import __version__
+
+    return __version__
+
+
+def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> list[Match]:
+    claimed: dict[int, str] = {}
+    reserved = reserved_for_ort(ix)
+    matches: list[Match] = []
+    for pid in ids:
+        matcher = MATCHERS[pid]
+        rejected: set[int] = set()  # nodes of this pattern's rejected candidates: not anchors again
+        for node in ix.graph.node:
+            if id(node) in claimed or id(node) in rejected:
+                continue
+            result = matcher(ix, node)
+            if result is None:
+                continue
+            names = [ix.name_of(n) for n in result.nodes]
+            if any(id(n) in claimed for n in result.nodes):
+                continue  # taken by a higher-priority match: not a candidate of its own
+            if pid in GENERIC_PATTERNS and any(id(n) in reserved for n in result.nodes):
+                report.matches.append(MatchRecord(pid, names, REJECTED, "left to ORT, which fuses it (LayerNorm)"))
+                rejected |= {id(n) for n in result.nodes}
+                continue
+            if isinstance(result, Reject):
+                rejected |= {id(n) for n in result.nodes}
+                report.matches.append(MatchRecord(pid, names, REJECTED, result.reason))
+                continue
+            for n in result.nodes:
+                claimed[id(n)] = pid
+                ix.claimed.add(id(n))
+            matches.append(result)
+            record = MatchRecord(pid, names, FUSED, fused_node=f"ortfuse_{pid}_{len(matches) - 1}",
+                                 kernel=REFERENCE_KERNEL)
+            report.matches.append(record)
+    return matches
+
+
+def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None:
+    graph = model.graph
+    last = {}
+    for k, m in enumerate(matches):
+        last[id(max(m.nodes, key=lambda n: ix.position[id(n)]))] = (k, m)
+    replaced = {id(n) for m in matches for n in m.nodes}
+    new_nodes = []
+    for node in graph.node:
+        if id(node) in last:
+            k, m = last[id(node)]
+            new_nodes.append(_fused_node(ix, k, m))
+        elif id(node) not in replaced:
+            new_nodes.append(node)
+    new_inits = [t for m in matches for t in m.initializers]
+    kept = list(graph.node)[:0] + new_nodes
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(new_inits)
+    _drop_dead_constants(graph)
+    known_vi = {vi.name for vi in graph.value_info} | {o.name for o in graph.output}
+    removed = {o for m in matches for n in m.nodes for o in n.output} - {m.output for m in matches}
+    keep_vi = [vi for vi in graph.value_info if vi.name not in removed]
+    del graph.value_info[:]
+    graph.value_info.extend(keep_vi)
+    for m in matches:
+        vi = ix.value_info(m.output)
+        if vi is not None and m.output not in known_vi:
+            graph.value_info.append(vi)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+
+
+def _fused_node(ix: GraphIndex, k: int, m: Match) -> onnx.NodeProto:
+    spec = SPECS[m.op]
+    names = ",".join(ix.name_of(n) for n in m.nodes)
+    attrs = {**m.attrs, "pattern_id": m.pattern_id, "replaced_nodes": names}
+    missing = set(spec.all_attrs()) - set(attrs)
+    assert not missing, f"{m.op} match lacks attributes {missing}"
+    return onnx.helper.make_node(spec.ref_op_type, m.inputs, [m.output], name=f"ortfuse_{m.pattern_id}_{k}",
+                                 domain=DOMAIN, doc_string=f"ortfuse {m.pattern_id}: replaces {names}", **attrs)
+
+
+def _drop_dead_constants(graph: onnx.GraphProto) -> None:
+    """Remove Constant-only chains and initializers that nothing reads any more (repeat to a fixpoint).
+
+    Only constant-computing nodes are removed; graph inputs and outputs are never touched."""
+    const_ops = {"Constant", "Reshape", "Identity", "Unsqueeze", "Squeeze", "Cast"}
+    while True:
+        used = {o.name for o in graph.output}
+        for node in graph.node:
+            used.update(node_inputs_with_subgraphs(node))
+        dead = [n for n in graph.node if n.op_type in const_ops and not any(o in used for o in n.output)
+                and (n.op_type == "Constant" or all(_is_constant_input(graph, i) for i in n.input if i))]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+    inputs = {i.name for i in graph.input}
+    live = [t for t in graph.initializer if t.name in used or t.name in inputs]
+    if len(live) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(live)
+
+
+def _is_constant_input(graph: onnx.GraphProto, name: str) -> bool:
+    return any(t.name == name for t in graph.initializer) or any(
+        n.op_type == "Constant" and name in n.output for n in graph.node)

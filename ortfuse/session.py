@@ -24,8 +24,9 @@ import onnxruntime as _ort
 
 from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
+from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.report import FusionReport
-from ortfuse.rewrite import fuse
+from ortfuse.rewrite import fuse, is_rewritten, report_of_rewritten
 
 _PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
 
@@ -34,7 +35,7 @@ _PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
 class _Plan:
     """What to hand to ORT instead of the user's input when fusion applies."""
 
-    model_bytes: bytes
+    source: str | bytes  # the path or bytes ORT loads
     report: FusionReport
     disabled_optimizers: set[str] = field(default_factory=set)
     needs_custom_ops: bool = False
@@ -100,6 +101,9 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.
         return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"])
+    if is_rewritten(model):  # saved by `ortfuse-annotate --rewrite`: run it as is, with our ops registered
+        report = report_of_rewritten(model)
+        return _Plan(source, report, needs_custom_ops=True), report
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
@@ -156,14 +160,21 @@ class InferenceSession(_ort.InferenceSession):
         else:  # ORT raises its own TypeError for this input
             self.fusion_report = FusionReport(reason=f"unsupported input type {type(path_or_bytes).__name__}")
         if plan is not None:
-            source = plan.model_bytes
+            source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
                 sess_options = _with_custom_ops(sess_options)
         elif fusion is True or fusion == "auto":
             if self.fusion_report.stepped_aside and "model not parsed by onnx" not in self.fusion_report.notes:
                 warnings.warn(f"ortfuse: fusion requested but not applied: {self.fusion_report.reason}", stacklevel=2)
-        super().__init__(source, sess_options, providers, provider_options, **kwargs)
+        try:
+            super().__init__(source, sess_options, providers, provider_options, **kwargs)
+        except Exception as exc:
+            # fusion=False does not parse the model; one saved already fused still needs our ops.
+            if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
+                raise
+            self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
+            super().__init__(source, _with_custom_ops(sess_options), providers, provider_options, **kwargs)
 
     def _create_inference_session(self, providers, provider_options, disabled_optimizers=None):
         merged = set(disabled_optimizers or ()) | self._ortfuse_disabled_optimizers

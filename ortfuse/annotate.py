@@ -1,0 +1,89 @@
+"""``ortfuse-annotate``: write the fusion metadata into a model, optionally saving it rewritten.
+
+Without ``--rewrite`` only metadata is written and the graph is untouched, so the model still runs
+on stock ORT; ``ortfuse.InferenceSession`` fuses it at load time. With ``--rewrite`` the fused graph
+is saved (it needs ortfuse to run). Either way it prints what the rewriter found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import onnx
+
+from ortfuse import metadata
+from ortfuse.catalogue import PATTERN_IDS, UnknownPatternError, validate_patterns
+from ortfuse.rewrite import fuse
+
+_EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def annotate(model: onnx.ModelProto, patterns, enabled: bool = True) -> onnx.ModelProto:
+    """A copy of ``model`` with the fusion keys written; the graph is not changed."""
+    ids = validate_patterns(patterns)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    from ortfuse import __version__
+
+    metadata.write_props(out, {
+        metadata.FUSION_ENABLED: "true" if enabled else "false",
+        metadata.FUSION_PATTERN_ID: "auto" if patterns in (None, "auto") else ",".join(ids),
+        metadata.ORTFUSE_VERSION: __version__,
+        metadata.GRAPH_DIGEST: metadata.graph_digest(model),
+    })
+    return out
+
+
+def save(model: onnx.ModelProto, path: str) -> None:
+    """Save, moving weights to ``<name>.data`` beside it when the model nears protobuf's 2 GiB."""
+    if model.ByteSize() > _EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, path, save_as_external_data=True, location=os.path.basename(path) + ".data")
+    else:
+        onnx.save_model(model, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ortfuse-annotate", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="path of the .onnx model")
+    p.add_argument("--pattern", action="append", dest="patterns", metavar="ID",
+                   help=f"pattern id to enable (repeatable); one of: {', '.join(PATTERN_IDS)}")
+    p.add_argument("--all", action="store_true", help="enable every pattern (fusion_pattern_id=auto)")
+    p.add_argument("--disable", action="store_true", help="write fusion_enabled=false")
+    p.add_argument("-o", "--output", help="output path (default: in place; <name>.fused.onnx with --rewrite)")
+    p.add_argument("--rewrite", action="store_true", help="save the fused graph instead of only metadata")
+    p.add_argument("--report", metavar="JSON", help="write the fusion report as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.patterns and not args.all and not args.disable:
+        print("ortfuse-annotate: name at least one --pattern ID, or --all, or --disable.", file=sys.stderr)
+        return 2
+    patterns = None if args.all or not args.patterns else args.patterns
+    try:
+        validate_patterns(patterns)
+        model = onnx.load(args.model)
+    except UnknownPatternError as exc:
+        print(f"ortfuse-annotate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"ortfuse-annotate: cannot read {args.model!r} as an ONNX model ({type(exc).__name__}: {exc}).",
+              file=sys.stderr)
+        return 2
+    fused, report = fuse(model, patterns)
+    print(report.table())
+    if args.rewrite and not args.disable:
+        out_path = args.output or os.path.splitext(args.model)[0] + ".fused.onnx"
+        result = fused if report.applied else annotate(model, patterns)
+    else:
+        out_path = args.output or args.model
+        result = annotate(model, patterns, enabled=not args.disable)
+    save(result, out_path)
+    if args.report:
+        with open(args.report, "w") as fh:
+            fh.write(report.to_json())
+    print(f"wrote {out_path}" + (" (fused graph)" if args.rewrite and report.applied else " (metadata only)"))
+    return 0

@@ -1,0 +1,205 @@
+"""GraphIndex: read-only lookups over a model's top-level graph for the pattern matchers.
+
+It answers: who produces a tensor, who consumes it (nodes inside If/Loop/Scan bodies count as
+consumers of the outer tensors they reference), is it a graph output, is it a constant (initializer,
+``Constant`` node, or ``Constant -> Reshape`` / ``Constant -> Identity``), and its dtype and shape
+from ONNX shape inference (dims are ints, symbolic names, or None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+Shape = list  # of int | str | None
+
+
+def _subgraph_refs(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads that it does not define itself (its outer-scope references)."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(node_inputs_with_subgraphs(node))
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def node_inputs_with_subgraphs(node: onnx.NodeProto) -> list[str]:
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            names.extend(_subgraph_refs(attr.g))
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for sub in attr.graphs:
+                names.extend(_subgraph_refs(sub))
+    return names
+
+
+class GraphIndex:
+    """Index of ``model.graph``; build a new one after any change to the graph."""
+
+    def __init__(self, model: onnx.ModelProto, infer_shapes: bool = True) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self.position: dict[int, int] = {}
+        for pos, node in enumerate(self.graph.node):
+            self.position[id(node)] = pos
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for name in node_inputs_with_subgraphs(node):
+                self.consumers.setdefault(name, []).append(node)
+        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.graph_inputs = {i.name for i in self.graph.input}
+        self.graph_outputs = {o.name for o in self.graph.output}
+        self._types: dict[str, tuple[int, Shape | None]] = {}
+        self.shape_inference_error = ""
+        self._record_types(self.graph.input, self.graph.output, self.graph.value_info)
+        for t in self.graph.initializer:
+            self._types[t.name] = (t.data_type, list(t.dims))
+        if infer_shapes:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+                self._record_types(inferred.graph.value_info, inferred.graph.output)
+            except Exception as exc:  # a model ORT accepts may still trip onnx's inference
+                self.shape_inference_error = f"{type(exc).__name__}: {exc}"[:200]
+        self.claimed: set[int] = set()  # ids of nodes already taken by a match (set by the rewriter)
+        self._names = {id(n): n.name or f"{n.op_type}_{i}" for i, n in enumerate(self.graph.node)}
+
+    def _record_types(self, *groups: Iterable[onnx.ValueInfoProto]) -> None:
+        for group in groups:
+            for vi in group:
+                t = vi.type.tensor_type
+                if not vi.type.HasField("tensor_type"):
+                    continue
+                shape = None
+                if t.HasField("shape"):
+                    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+                self._types[vi.name] = (t.elem_type, shape)
+
+    # --- names, producers, consumers -------------------------------------------------------
+    def name_of(self, node: onnx.NodeProto) -> str:
+        """The node's name, or ``<op_type>_<position>`` for unnamed nodes."""
+        return self._names[id(node)]
+
+    def consumers_of(self, tensor: str) -> list[onnx.NodeProto]:
+        return self.consumers.get(tensor, [])
+
+    def only_consumer(self, tensor: str) -> onnx.NodeProto | None:
+        """The single consumer of ``tensor`` if it has exactly one and is not a graph output."""
+        users = self.consumers_of(tensor)
+        if len(users) != 1 or tensor in self.graph_outputs:
+            return None
+        return users[0]
+
+    def other_input(self, node: onnx.NodeProto, tensor: str) -> str | None:
+        """For a binary node fed by ``tensor``, the other input name (None if not binary)."""
+        ins = list(node.input)
+        if len(ins) != 2 or tensor not in ins:
+            return None
+        return ins[1] if ins[0] == tensor else ins[0]
+
+    # --- constants ----------------------------------------------------------------------------
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of a constant tensor, or None if it is computed at run time."""
+        found = self.const_with_nodes(name)
+        return None if found is None else found[0]
+
+    def const_with_nodes(self, name: str) -> tuple[np.ndarray, list[onnx.NodeProto]] | None:
+        """(value, nodes computing it: Constant and Reshape/Identity of constants) or None."""
+        if name in self.initializers:
+            if name in self.graph_inputs:  # an overridable initializer is not a constant
+                return None
+            tensor = self.initializers[name]
+            if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.raw_data:
+                return None
+            return numpy_helper.to_array(tensor), []
+        node = self.producer.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Constant":
+            value = _constant_node_value(node)
+            return None if value is None else (value, [node])
+        if node.op_type in ("Reshape", "Identity", "Unsqueeze", "Squeeze", "Cast") and node.input:
+            data = self.const_with_nodes(node.input[0])
+            if data is None:
+                return None
+            value, chain = data
+            if node.op_type == "Identity":
+                return value, chain + [node]
+            if node.op_type == "Cast":
+                to = next((a.i for a in node.attribute if a.name == "to"), None)
+                if to is None:
+                    return None
+                return value.astype(onnx.helper.tensor_dtype_to_np_dtype(to)), chain + [node]
+            axes_or_shape = None
+            if len(node.input) > 1 and node.input[1]:
+                extra = self.const_with_nodes(node.input[1])
+                if extra is None:
+                    return None
+                axes_or_shape, more = extra
+                chain = chain + more
+            else:
+                attr = next((a for a in node.attribute if a.name == "axes"), None)
+                axes_or_shape = np.array(attr.ints) if attr is not None else None
+            try:
+                value = _static_shape_op(node, value, axes_or_shape)
+            except Exception:
+                return None
+            return value, chain + [node]
+        return None
+
+    def is_scalar_const(self, name: str, expected: float, rtol: float = 1e-6) -> bool:
+        value = self.const(name)
+        return value is not None and value.size == 1 and np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0)
+
+    # --- types --------------------------------------------------------------------------------
+    def elem_type(self, name: str) -> int | None:
+        return self._types.get(name, (None, None))[0]
+
+    def shape(self, name: str) -> Shape | None:
+        return self._types.get(name, (None, None))[1]
+
+    def value_info(self, name: str) -> onnx.ValueInfoProto | None:
+        if name not in self._types:
+            return None
+        elem, shape = self._types[name]
+        return onnx.helper.make_tensor_value_info(name, elem, shape)
+
+
+def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None  # sparse or string constants are not folded
+
+
+def _static_shape_op(node: onnx.NodeProto, value: np.ndarray, arg: np.ndarray | None) -> np.ndarray:
+    if node.op_type == "Reshape":
+        shape = [int(s) for s in arg]
+        allowzero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
+        if not allowzero:
+            shape = [value.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+        return value.reshape(shape)
+    if node.op_type == "Unsqueeze":
+        out = value
+        for axis in sorted(int(a) % (value.ndim + len(arg)) for a in arg):
+            out = np.expand_dims(out, axis)
+        return out
+    axes = None if arg is None else tuple(int(a) for a in arg)
+    return np.squeeze(value, axis=axes)

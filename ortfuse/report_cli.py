@@ -1,0 +1,26 @@
+"""``ortfuse report MODEL``: what the rewriter would do to a model, as a table or JSON."""
+
+from __future__ import annotations
+
+import sys
+
+import onnx
+
+from ortfuse.catalogue import UnknownPatternError
+from ortfuse.rewrite import fuse
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="path of the .onnx model")
+    p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these ids")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args) -> int:
+    try:
+        _, report = fuse(onnx.load(args.model), args.patterns)
+    except UnknownPatternError as exc:
+        print(f"ortfuse report: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else report.table())
+    return 0

@@ -1,0 +1,213 @@
+"""Parity of ``ortfuse.backend`` with ``onnxruntime.backend`` on the ONNX backend test suite.
+
+Every case that the installed ``onnx`` generates (node, simple, pytorch-converted, pytorch-operator
+and real/light models, for each device) is run through both backends in the same process, by onnx's
+own ``BackendTest`` runner (its tolerances, its data loading). The outcome of each case (passed,
+skipped, or failed with an exception type) must be the same for both: there is no skip list, a case
+that fails on stock ORT must fail the same way through ortfuse. Cases are split into shards so that
+``pytest -n 2`` spreads them; each shard asserts parity of its own cases, and the totals are printed
+(with ``-s``) and summed in the terminal summary by ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import unittest
+from typing import NamedTuple
+
+import onnx.backend.test
+import onnxruntime
+import onnxruntime.backend
+import pytest
+
+import ortfuse
+import ortfuse.backend
+
+N_SHARDS = 4
+PROPERTY = "onnx_backend_parity"  # user property read by conftest.pytest_terminal_summary
+
+
+class Outcome(NamedTuple):
+    """One backend's result for one case; ``kind`` and ``exc_type`` are what parity compares."""
+
+    kind: str  # "passed" | "skipped" | "failed"
+    exc_type: str = ""
+    detail: str = ""  # skip reason or first line of the exception, for messages only
+
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.exc_type
+
+    def __str__(self) -> str:
+        head = f"{self.kind} ({self.exc_type})" if self.exc_type else self.kind
+        return f"{head}: {self.detail}" if self.detail else head
+
+
+class _OutcomeResult(unittest.TestResult):
+    """Keeps the outcome of the single test run through it, with the exception type."""
+
+    outcome: Outcome | None = None
+
+    def _failed(self, err) -> None:
+        exc_type, exc, _ = err
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.outcome = Outcome("failed", f"{exc_type.__module__}.{exc_type.__qualname__}", first_line)
+
+    def addError(self, test, err):  # noqa: N802  (unittest API)
+        self._failed(err)
+
+    def addFailure(self, test, err):  # noqa: N802
+        self._failed(err)
+
+    def addSkip(self, test, reason):  # noqa: N802
+        self.outcome = Outcome("skipped", detail=reason)
+
+    def addSuccess(self, test):  # noqa: N802
+        self.outcome = Outcome("passed")
+
+    def addExpectedFailure(self, test, err):  # noqa: N802  (no xfail patterns are set; never counts as a pass)
+        self._failed(err)
+
+    def addUnexpectedSuccess(self, test):  # noqa: N802
+        self.outcome = Outcome("failed", "unittest.UnexpectedSuccess")
+
+
+class _RecordingBackend:
+    """A backend module's API, recording the session type and fusion setting of every prepared rep."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.sessions: collections.Counter[tuple[type, object]] = collections.Counter()
+
+    def prepare(self, model, device=None, **kwargs):
+        rep = self.module.prepare(model, device, **kwargs)
+        session = rep._session
+        self.sessions[type(session), getattr(session, "fusion", "n/a")] += 1
+        return rep
+
+    def supports_device(self, device):
+        return self.module.supports_device(device)
+
+    def is_compatible(self, model, device=None, **kwargs):
+        return self.module.is_compatible(model, device, **kwargs)
+
+
+BACKENDS = {"onnxruntime": onnxruntime.backend, "ortfuse": ortfuse.backend}
+
+
+@functools.cache
+def _suites() -> tuple[dict[str, _RecordingBackend], dict[str, dict[str, unittest.TestCase]]]:
+    """Per backend: its recorder and its runnable cases, keyed ``Category.test_name_device``."""
+    recorders, suites = {}, {}
+    for name, module in BACKENDS.items():
+        recorder = _RecordingBackend(module)
+        cases = {}
+        for category, case_class in onnx.backend.test.BackendTest(recorder, __name__).test_cases.items():
+            short = category.removeprefix("OnnxBackend").removesuffix("Test")
+            for attr in dir(case_class):
+                if attr.startswith("test_"):
+                    cases[f"{short}.{attr}"] = case_class(attr)
+        recorders[name], suites[name] = recorder, cases
+    return recorders, suites
+
+
+def _device(case_id: str) -> str:
+    return case_id.rsplit("_", 1)[-1]
+
+
+def _device_then_name(case_id: str) -> tuple[str, str]:
+    return _device(case_id), case_id
+
+
+def _run_case(case: unittest.TestCase) -> Outcome:
+    result = _OutcomeResult()
+    case.run(result)
+    assert result.outcome is not None, f"unittest reported no outcome for {case.id()}"
+    return result.outcome
+
+
+def _summary(shard: str, outcomes: dict[str, dict[str, Outcome]], devices: collections.Counter) -> dict:
+    counts = {b: dict(collections.Counter(o.kind for o in per.values())) for b, per in outcomes.items()}
+    return {"shard": shard, "cases": len(next(iter(outcomes.values()))), "devices": dict(devices), "counts": counts}
+
+
+def _format_summary(summary: dict) -> str:
+    devices = " + ".join(f"{n} {d}" for d, n in sorted(summary["devices"].items()))
+    lines = [f"ONNX backend parity {summary['shard']}: {summary['cases']} cases ({devices})"]
+    for backend, counts in summary["counts"].items():
+        parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
+        lines.append(f"  {backend}.backend: {parts}")
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def quiet_ort():
+    """Errors only from ORT's logger while thousands of sessions are made (ORT's default is 2, warnings)."""
+    onnxruntime.set_default_logger_severity(3)
+    yield
+    onnxruntime.set_default_logger_severity(2)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:onnx.backend.test.case")  # onnx building its expected data
+@pytest.mark.parametrize("shard", range(N_SHARDS), ids=lambda s: f"shard{s}of{N_SHARDS}")
+def test_onnx_backend_outcomes_match(shard, tmp_path, monkeypatch, record_property, quiet_ort):
+    """Each case of this shard has the same outcome through ortfuse.backend as through onnxruntime.backend."""
+    recorders, suites = _suites()
+    ids = sorted(suites["onnxruntime"], key=_device_then_name)  # so that every shard gets cpu cases
+    assert ids == sorted(suites["ortfuse"], key=_device_then_name), "the backends were given different cases"
+    assert len(ids) > 1000, f"onnx generated only {len(ids)} backend cases"
+    mine = ids[shard::N_SHARDS]
+
+    # Nothing may download (no network in CI) nor be shared between backends: one empty home each.
+    monkeypatch.delenv("ONNX_MODELS", raising=False)
+    homes = {name: tmp_path / f"onnx_home_{name}" for name in BACKENDS}
+    outcomes: dict[str, dict[str, Outcome]] = {name: {} for name in BACKENDS}
+    for case_id in mine:
+        for name in BACKENDS:
+            monkeypatch.setenv("ONNX_HOME", str(homes[name]))
+            outcomes[name][case_id] = _run_case(suites[name][case_id])
+
+    summary = _summary(f"shard{shard}of{N_SHARDS}", outcomes, collections.Counter(map(_device, mine)))
+    record_property(PROPERTY, summary)
+    print("\n" + _format_summary(summary))
+
+    # The comparison is only meaningful if stock ran stock sessions and ortfuse ran fused ones.
+    stock_types = {t for t, _ in recorders["onnxruntime"].sessions}
+    assert stock_types == {onnxruntime.InferenceSession}, f"stock backend created {stock_types}"
+    fused = recorders["ortfuse"].sessions
+    assert fused, "ortfuse.backend never prepared a session"
+    wrong = {k: n for k, n in fused.items() if not (issubclass(k[0], ortfuse.InferenceSession) and k[1] is True)}
+    assert not wrong, f"ortfuse.backend prepared sessions that are not ortfuse.InferenceSession(fusion=True): {wrong}"
+    assert summary["counts"]["onnxruntime"].get("passed", 0) > 0, "no case passed on stock ORT in this shard"
+
+    differing = [c for c in mine if outcomes["onnxruntime"][c].key() != outcomes["ortfuse"][c].key()]
+    if differing:
+        report = "\n".join(
+            f"  {c}\n    onnxruntime: {outcomes['onnxruntime'][c]}\n    ortfuse:     {outcomes['ortfuse'][c]}"
+            for c in differing
+        )
+        pytest.fail(f"{len(differing)} of {len(mine)} cases differ between the backends:\n{report}", pytrace=False)
+
+
+def test_outcome_classification():
+    """The classifier tells passes, skips and failures (with their exception type) apart."""
+
+    class Cases(unittest.TestCase):
+        def test_pass(self):
+            pass
+
+        @unittest.skip("because")
+        def test_skip(self):
+            pass
+
+        def test_assert(self):
+            raise AssertionError("mismatch")
+
+        def test_error(self):
+            raise ValueError("boom")
+
+    assert _run_case(Cases("test_pass")) == Outcome("passed")
+    assert _run_case(Cases("test_skip")) == Outcome("skipped", detail="because")
+    assert _run_case(Cases("test_assert")).key() == ("failed", "builtins.AssertionError")
+    assert _run_case(Cases("test_error")).key() == ("failed", "builtins.ValueError")
+    assert _run_case(Cases("test_error")).key() != _run_case(Cases("test_assert")).key()
