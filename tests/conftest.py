@@ -17,6 +17,7 @@ def pytest_terminal_summary(terminalreporter):
     cases = sum(s["cases"] for s in shards)
     devices: dict[str, int] = {}
     counts: dict[str, dict[str, int]] = {}
+    fused = sum(s["fused_sessions"] for s in shards)
     for shard in shards:
         for device, n in shard["devices"].items():
             devices[device] = devices.get(device, 0) + n
@@ -30,3 +31,4 @@ def pytest_terminal_summary(terminalreporter):
     for backend, per_kind in counts.items():
         parts = ", ".join(f"{per_kind.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
         terminalreporter.write_line(f"{backend}.backend: {parts}")
+    terminalreporter.write_line(f"ortfuse sessions with a fusion applied: {fused}")

@@ -78,11 +78,13 @@ class _RecordingBackend:
     def __init__(self, module) -> None:
         self.module = module
         self.sessions: collections.Counter[tuple[type, object]] = collections.Counter()
+        self.fused = 0  # sessions whose fusion_report says a rewrite was applied
 
     def prepare(self, model, device=None, **kwargs):
         rep = self.module.prepare(model, device, **kwargs)
         session = rep._session
         self.sessions[type(session), getattr(session, "fusion", "n/a")] += 1
+        self.fused += bool(getattr(getattr(session, "fusion_report", None), "applied", False))
         return rep
 
     def supports_device(self, device):
@@ -126,9 +128,10 @@ def _run_case(case: unittest.TestCase) -> Outcome:
     return result.outcome
 
 
-def _summary(shard: str, outcomes: dict[str, dict[str, Outcome]], devices: collections.Counter) -> dict:
+def _summary(shard: str, outcomes: dict[str, dict[str, Outcome]], devices: collections.Counter, fused: int) -> dict:
     counts = {b: dict(collections.Counter(o.kind for o in per.values())) for b, per in outcomes.items()}
-    return {"shard": shard, "cases": len(next(iter(outcomes.values()))), "devices": dict(devices), "counts": counts}
+    cases = len(next(iter(outcomes.values())))
+    return {"shard": shard, "cases": cases, "devices": dict(devices), "counts": counts, "fused_sessions": fused}
 
 
 def _format_summary(summary: dict) -> str:
@@ -137,6 +140,7 @@ def _format_summary(summary: dict) -> str:
     for backend, counts in summary["counts"].items():
         parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
         lines.append(f"  {backend}.backend: {parts}")
+    lines.append(f"  ortfuse sessions with a fusion applied: {summary['fused_sessions']}")
     return "\n".join(lines)
 
 
@@ -162,12 +166,14 @@ def test_onnx_backend_outcomes_match(shard, tmp_path, monkeypatch, record_proper
     monkeypatch.delenv("ONNX_MODELS", raising=False)
     homes = {name: tmp_path / f"onnx_home_{name}" for name in BACKENDS}
     outcomes: dict[str, dict[str, Outcome]] = {name: {} for name in BACKENDS}
+    fused_before = recorders["ortfuse"].fused
     for case_id in mine:
         for name in BACKENDS:
             monkeypatch.setenv("ONNX_HOME", str(homes[name]))
             outcomes[name][case_id] = _run_case(suites[name][case_id])
 
-    summary = _summary(f"shard{shard}of{N_SHARDS}", outcomes, collections.Counter(map(_device, mine)))
+    summary = _summary(f"shard{shard}of{N_SHARDS}", outcomes, collections.Counter(map(_device, mine)),
+                       recorders["ortfuse"].fused - fused_before)
     record_property(PROPERTY, summary)
     print("\n" + _format_summary(summary))
 

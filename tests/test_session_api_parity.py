@@ -278,9 +278,10 @@ def test_graph_assignment_info_when_recorded(variant):
         return so
 
     stock, ours = _pair(variant, options(), options())
-    a = [sg.ep_name for sg in stock.get_provider_graph_assignment_info()]
-    b = [sg.ep_name for sg in ours.get_provider_graph_assignment_info()]
-    assert a and b == a
+    a = stock.get_provider_graph_assignment_info()
+    b = ours.get_provider_graph_assignment_info()
+    # a fused graph has fewer nodes, so the subgraph count may differ; the providers may not
+    assert a and {sg.ep_name for sg in b} == {sg.ep_name for sg in a} == {"CPUExecutionProvider"}
 
 
 @pytest.mark.parametrize("kind", ["path", "pathlike", "bytes"])
@@ -364,3 +365,13 @@ def test_fusion_disabled_in_metadata_is_honoured():
     model = annotated(ffn_matmul_add_relu(), enabled="false")
     ours = ortfuse.InferenceSession(model)
     assert not ours.fusion_report.applied and "fusion_enabled=false" in ours.fusion_report.reason
+
+
+def test_fused_variants_really_fuse(variant):
+    """The parity above means something only if the fused variants run a rewritten graph."""
+    _, ours = _pair(variant)
+    if variant == "fusion_off":
+        assert not ours.fusion_report.applied
+    else:
+        assert ours.fusion_report.counts() == {"gemm_relu_gelu": 1, "add_relu": 1}, ours.fusion_report.table()
+        assert ours._model_bytes is not None and b"FusedGemmActRef" in ours._model_bytes
