@@ -25,7 +25,7 @@ import onnxruntime as _ort
 from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.report import FusionReport
+from ortfuse.report import DISABLED, FUSED, FusionReport
 from ortfuse.rewrite import fuse, is_rewritten, report_of_rewritten
 
 _PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
@@ -117,6 +117,9 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     fused, report = fuse(model, patterns)
     if not report.applied:
         return None, report
+    auto = fusion == "auto" or (fusion is None and request.auto and explicit is None)
+    if auto:
+        return None, _auto_policy(report)
     data = fused.SerializeToString()
     if len(data) > _PROTOBUF_LIMIT:
         report.applied = False
@@ -126,6 +129,26 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     needs_custom_ops = any(n.domain == "ai.onnx.contrib" for n in fused.graph.node)
     plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops)
     return plan, report
+
+
+AUTO_POLICY_REASON = (
+    "fusion='auto' keeps only fusions that beat ORT; the fused ops have reference (numpy) kernels "
+    "only, which are slower than ORT's native ops, so none is kept (fusion=True forces them)"
+)
+
+
+def _auto_policy(report: FusionReport) -> FusionReport:
+    """The 'auto' decision: keep a fusion only where its kernel is known to beat ORT's unfused ops.
+
+    Today every fused op runs its numpy reference through a Python op, which never beats ORT's
+    native kernels, so auto keeps none and the model runs as stock ORT runs it."""
+    for record in report.matches:
+        if record.decision == FUSED:
+            record.decision, record.reason = DISABLED, "auto policy: reference kernel only"
+            record.kernel = record.fused_node = ""
+    report.applied = False
+    report.reason = AUTO_POLICY_REASON
+    return report
 
 
 class InferenceSession(_ort.InferenceSession):

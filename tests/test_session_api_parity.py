@@ -22,7 +22,7 @@ VARIANTS = ["fusion_off", "fusion_on", "fusion_from_metadata"]
 
 def _model_for(variant):
     model = ffn_matmul_add_relu()
-    return annotated(model) if variant == "fusion_from_metadata" else model
+    return annotated(model, patterns="gemm_relu_gelu,add_relu") if variant == "fusion_from_metadata" else model
 
 
 def _ortfuse_session(variant, model, sess_options=None, **kw):
@@ -375,3 +375,12 @@ def test_fused_variants_really_fuse(variant):
     else:
         assert ours.fusion_report.counts() == {"gemm_relu_gelu": 1, "add_relu": 1}, ours.fusion_report.table()
         assert ours._model_bytes is not None and b"FusedGemmActRef" in ours._model_bytes
+
+
+def test_auto_keeps_no_reference_kernel_and_runs_as_stock():
+    """'auto' keeps only fusions that beat ORT; reference kernels never do, so nothing is kept."""
+    for model, fusion in ((ffn_matmul_add_relu(), "auto"), (annotated(ffn_matmul_add_relu(), patterns="auto"), None)):
+        session = ortfuse.InferenceSession(model, fusion=fusion)
+        report = session.fusion_report
+        assert not report.applied and session._model_bytes == model.SerializeToString()
+        assert [m.decision for m in report.matches] == ["disabled by policy"] * 2
