@@ -23,6 +23,7 @@ from ortfuse.patterns import MATCHERS
 from ortfuse.patterns.base import Match, Reject
 from ortfuse.report import FUSED, REJECTED, FusionReport, MatchRecord
 
+MIN_OPSET = 7
 GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
 REFERENCE_KERNEL = "reference (numpy through onnxruntime-extensions Python op)"
 
@@ -60,6 +61,10 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None) ->
         report.reason = "the model already holds ortfuse fused ops; it is not matched again"
         return out, report
     ix = GraphIndex(out)
+    if ix.opset < MIN_OPSET:
+        # ORT lacks kernels for some ops below opset 7; fusing them away would run what ORT refuses.
+        report.reason = f"model opset {ix.opset} is below {MIN_OPSET}, the oldest ORT supports; left as ORT runs it"
+        return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
     matches = _match_all(ix, ids, report)
@@ -113,6 +118,9 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> li
                 report.matches.append(MatchRecord(pid, names, REJECTED, "left to ORT, which fuses it (LayerNorm)"))
                 rejected |= {id(n) for n in result.nodes}
                 continue
+            if isinstance(result, Match) and _scalar_io(ix, result):
+                result = Reject(pid, result.nodes, f"rank-0 tensor '{_scalar_io(ix, result)}': the fused op path "
+                                                   "does not keep scalar shapes")
             if isinstance(result, Reject):
                 rejected |= {id(n) for n in result.nodes}
                 report.matches.append(MatchRecord(pid, names, REJECTED, result.reason))
@@ -125,6 +133,11 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> li
                                  kernel=REFERENCE_KERNEL)
             report.matches.append(record)
     return matches
+
+
+def _scalar_io(ix: GraphIndex, m: Match) -> str:
+    """The output of ``m`` if it is known to be rank 0 (extensions' Python ops return it as [1]), or ""."""
+    return m.output if ix.shape(m.output) == [] else ""
 
 
 def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None:

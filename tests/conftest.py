@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 
 def pytest_terminal_summary(terminalreporter):
     """Sum the per-shard totals of test_onnx_backend_parity.py (works across xdist workers)."""
@@ -14,21 +16,17 @@ def pytest_terminal_summary(terminalreporter):
     ]
     if not shards:
         return
-    cases = sum(s["cases"] for s in shards)
-    devices: dict[str, int] = {}
-    counts: dict[str, dict[str, int]] = {}
-    fused = sum(s["fused_sessions"] for s in shards)
+    devices: collections.Counter[str] = collections.Counter()
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for shard in shards:
-        for device, n in shard["devices"].items():
-            devices[device] = devices.get(device, 0) + n
+        devices.update(shard["devices"])
         for backend, per_kind in shard["counts"].items():
-            for kind, n in per_kind.items():
-                counts.setdefault(backend, {}).setdefault(kind, 0)
-                counts[backend][kind] += n
+            counts[backend].update(per_kind)
+    write = terminalreporter.write_line
     terminalreporter.section("ONNX backend test suite parity")
     per_device = " + ".join(f"{n} {d}" for d, n in sorted(devices.items()))
-    terminalreporter.write_line(f"{len(shards)} shards, {cases} cases ({per_device})")
+    write(f"{len(shards)} shards, {sum(s['cases'] for s in shards)} cases ({per_device})")
     for backend, per_kind in counts.items():
-        parts = ", ".join(f"{per_kind.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
-        terminalreporter.write_line(f"{backend}.backend: {parts}")
-    terminalreporter.write_line(f"ortfuse sessions with a fusion applied: {fused}")
+        write(f"{backend}.backend: " + ", ".join(f"{per_kind[k]} {k}" for k in ("passed", "failed", "skipped")))
+    write(f"ortfuse sessions with a fusion applied: {sum(s['fused_sessions'] for s in shards)}")
+    write(f"cases with different outcomes: {sum(s['differing'] for s in shards)}")

@@ -33,7 +33,7 @@ class Outcome(NamedTuple):
 
     kind: str  # "passed" | "skipped" | "failed"
     exc_type: str = ""
-    detail: str = ""  # skip reason or first line of the exception, for messages only
+    detail: str = ""  # skip reason or first lines of the exception, for messages only
 
     def key(self) -> tuple[str, str]:
         return self.kind, self.exc_type
@@ -50,25 +50,26 @@ class _OutcomeResult(unittest.TestResult):
 
     def _failed(self, err) -> None:
         exc_type, exc, _ = err
-        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-        self.outcome = Outcome("failed", f"{exc_type.__module__}.{exc_type.__qualname__}", first_line)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = " / ".join(lines[:3])[:300]  # numpy's assertions name the mismatch on their 2nd-3rd lines
+        self.outcome = Outcome("failed", f"{exc_type.__module__}.{exc_type.__qualname__}", detail)
 
-    def addError(self, test, err):  # noqa: N802  (unittest API)
+    def addError(self, test, err):  # unittest.TestResult API
         self._failed(err)
 
-    def addFailure(self, test, err):  # noqa: N802
+    def addFailure(self, test, err):
         self._failed(err)
 
-    def addSkip(self, test, reason):  # noqa: N802
+    def addSkip(self, test, reason):
         self.outcome = Outcome("skipped", detail=reason)
 
-    def addSuccess(self, test):  # noqa: N802
+    def addSuccess(self, test):
         self.outcome = Outcome("passed")
 
-    def addExpectedFailure(self, test, err):  # noqa: N802  (no xfail patterns are set; never counts as a pass)
+    def addExpectedFailure(self, test, err):  # no xfail patterns are set; never a pass
         self._failed(err)
 
-    def addUnexpectedSuccess(self, test):  # noqa: N802
+    def addUnexpectedSuccess(self, test):
         self.outcome = Outcome("failed", "unittest.UnexpectedSuccess")
 
 
@@ -121,6 +122,14 @@ def _device_then_name(case_id: str) -> tuple[str, str]:
     return _device(case_id), case_id
 
 
+def _verdict(stock: Outcome, fused: Outcome) -> str:
+    """How ortfuse's outcome differs from stock's, for the failure message (any difference fails)."""
+    rank = {"passed": 0, "skipped": 1, "failed": 2}
+    if rank[fused.kind] == rank[stock.kind]:
+        return "another exception type"
+    return "ortfuse worse" if rank[fused.kind] > rank[stock.kind] else "ortfuse better: still not parity"
+
+
 def _run_case(case: unittest.TestCase) -> Outcome:
     result = _OutcomeResult()
     case.run(result)
@@ -128,10 +137,19 @@ def _run_case(case: unittest.TestCase) -> Outcome:
     return result.outcome
 
 
-def _summary(shard: str, outcomes: dict[str, dict[str, Outcome]], devices: collections.Counter, fused: int) -> dict:
+def _summary(
+    shard: str, outcomes: dict[str, dict[str, Outcome]], devices: collections.Counter, fused: int, differing: int
+) -> dict:
     counts = {b: dict(collections.Counter(o.kind for o in per.values())) for b, per in outcomes.items()}
     cases = len(next(iter(outcomes.values())))
-    return {"shard": shard, "cases": cases, "devices": dict(devices), "counts": counts, "fused_sessions": fused}
+    return {
+        "shard": shard,
+        "cases": cases,
+        "devices": dict(devices),
+        "counts": counts,
+        "fused_sessions": fused,
+        "differing": differing,
+    }
 
 
 def _format_summary(summary: dict) -> str:
@@ -141,13 +159,15 @@ def _format_summary(summary: dict) -> str:
         parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
         lines.append(f"  {backend}.backend: {parts}")
     lines.append(f"  ortfuse sessions with a fusion applied: {summary['fused_sessions']}")
+    lines.append(f"  cases with different outcomes: {summary['differing']}")
     return "\n".join(lines)
 
 
 @pytest.fixture
 def quiet_ort():
-    """Errors only from ORT's logger while thousands of sessions are made (ORT's default is 2, warnings)."""
-    onnxruntime.set_default_logger_severity(3)
+    """Only fatal messages from ORT's logger while thousands of sessions are made (ORT's default is 2,
+    warnings); the errors it would log reach the outcomes as exceptions anyway."""
+    onnxruntime.set_default_logger_severity(4)
     yield
     onnxruntime.set_default_logger_severity(2)
 
@@ -172,24 +192,32 @@ def test_onnx_backend_outcomes_match(shard, tmp_path, monkeypatch, record_proper
             monkeypatch.setenv("ONNX_HOME", str(homes[name]))
             outcomes[name][case_id] = _run_case(suites[name][case_id])
 
-    summary = _summary(f"shard{shard}of{N_SHARDS}", outcomes, collections.Counter(map(_device, mine)),
-                       recorders["ortfuse"].fused - fused_before)
+    differing = [c for c in mine if outcomes["onnxruntime"][c].key() != outcomes["ortfuse"][c].key()]
+    summary = _summary(
+        f"shard{shard}of{N_SHARDS}",
+        outcomes,
+        collections.Counter(map(_device, mine)),
+        recorders["ortfuse"].fused - fused_before,
+        len(differing),
+    )
     record_property(PROPERTY, summary)
     print("\n" + _format_summary(summary))
 
     # The comparison is only meaningful if stock ran stock sessions and ortfuse ran fused ones.
     stock_types = {t for t, _ in recorders["onnxruntime"].sessions}
     assert stock_types == {onnxruntime.InferenceSession}, f"stock backend created {stock_types}"
-    fused = recorders["ortfuse"].sessions
-    assert fused, "ortfuse.backend never prepared a session"
-    wrong = {k: n for k, n in fused.items() if not (issubclass(k[0], ortfuse.InferenceSession) and k[1] is True)}
+    ortfuse_sessions = recorders["ortfuse"].sessions
+    assert ortfuse_sessions, "ortfuse.backend never prepared a session"
+    wrong = {
+        k: n for k, n in ortfuse_sessions.items() if not (issubclass(k[0], ortfuse.InferenceSession) and k[1] is True)
+    }
     assert not wrong, f"ortfuse.backend prepared sessions that are not ortfuse.InferenceSession(fusion=True): {wrong}"
     assert summary["counts"]["onnxruntime"].get("passed", 0) > 0, "no case passed on stock ORT in this shard"
 
-    differing = [c for c in mine if outcomes["onnxruntime"][c].key() != outcomes["ortfuse"][c].key()]
     if differing:
         report = "\n".join(
-            f"  {c}\n    onnxruntime: {outcomes['onnxruntime'][c]}\n    ortfuse:     {outcomes['ortfuse'][c]}"
+            f"  {c} ({_verdict(outcomes['onnxruntime'][c], outcomes['ortfuse'][c])})\n"
+            f"    onnxruntime: {outcomes['onnxruntime'][c]}\n    ortfuse:     {outcomes['ortfuse'][c]}"
             for c in differing
         )
         pytest.fail(f"{len(differing)} of {len(mine)} cases differ between the backends:\n{report}", pytrace=False)

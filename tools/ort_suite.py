@@ -58,6 +58,8 @@ _OUT = os.environ["ORT_SUITE_OUT"]
 _MODE = os.environ["ORT_SUITE_MODE"]
 _STATS = collections.Counter()
 _SEEN = collections.Counter()
+_FUSED_IN = collections.Counter()  # test id -> sessions in which a fusion was applied
+_CURRENT = [""]
 
 import onnxruntime  # noqa: E402
 import onnxruntime.backend  # noqa: E402
@@ -75,7 +77,9 @@ if _MODE == "ortfuse":
             _STATS["sessions_created"] += 1
             super().__init__(*args, fusion=fusion, **kwargs)
             _STATS["sessions_fusion_true"] += self.fusion is True
-            _STATS["sessions_fused"] += bool(getattr(self.fusion_report, "applied", False))
+            if getattr(self.fusion_report, "applied", False):
+                _STATS["sessions_fused"] += 1
+                _FUSED_IN[_CURRENT[0]] += 1
 
     def _prepare(model, device=None, **kwargs):
         rep = ortfuse.backend.prepare(model, device, **kwargs)
@@ -121,17 +125,22 @@ def _message(report):
     return crash.message if crash is not None else ""
 
 
+def pytest_runtest_setup(item):
+    _CURRENT[0] = item.nodeid
+
+
 def pytest_runtest_logreport(report):
     outcome = _outcome(report)
     if report.when != "call" and outcome == "passed":
         return  # setup/teardown that went fine says nothing about the test
-    row = {"id": _label(report), "when": report.when, "outcome": outcome, "message": _message(report)[:300]}
+    row = {"id": _label(report), "subtest": hasattr(report, "context"), "outcome": outcome,
+           "message": _message(report)[:300]}
     with open(_OUT, "a") as f:
         f.write(json.dumps(row) + "\\n")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    stats = dict(_STATS, mode=_MODE, exitstatus=int(exitstatus))
+    stats = dict(_STATS, mode=_MODE, exitstatus=int(exitstatus), fused_in=dict(_FUSED_IN))
     stats["session_class"] = f"{onnxruntime.InferenceSession.__module__}.{onnxruntime.InferenceSession.__qualname__}"
     stats["stock_session_untouched"] = onnxruntime.InferenceSession is _STOCK_SESSION
     with open(_OUT, "a") as f:
@@ -158,7 +167,7 @@ def _run(mode: str, workdir: Path, plugin_dir: Path, files: list[str], timeout: 
     cmd = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rN",
            "--rootdir", str(workdir), *(f"python/{f}" for f in files)]  # fmt: skip
     try:
-        proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, check=False, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
         tail = (proc.stdout.strip().splitlines() or [f"(no output, exit status {proc.returncode})"])[-1]
     except subprocess.TimeoutExpired:
         tail = f"(timed out after {timeout:.0f} s)"
@@ -175,7 +184,7 @@ def _run(mode: str, workdir: Path, plugin_dir: Path, files: list[str], timeout: 
 
 
 def _table(title: str, outcomes: dict[str, dict]) -> str:
-    lines = [f"== {title}: {len(outcomes)} tests (outcome, test id, message) =="]
+    lines = [f"== {title}: {len(outcomes)} rows (outcome, test id [subtest], message) =="]
     for test_id in sorted(outcomes):
         row = outcomes[test_id]
         note = f"  ({row['message'].splitlines()[0][:100]})" if row["outcome"] != "passed" and row["message"] else ""
@@ -184,8 +193,13 @@ def _table(title: str, outcomes: dict[str, dict]) -> str:
 
 
 def _totals(outcomes: dict[str, dict]) -> str:
-    counts = collections.Counter(r["outcome"] for r in outcomes.values())
-    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: RANK[kv[0]])) or "nothing ran"
+    """E.g. "81 tests: 77 passed, 1 skipped, 3 failed; 22 subtests: 12 passed, 10 skipped"."""
+    parts = []
+    for noun, sub in (("tests", False), ("subtests", True)):
+        rows = [r for r in outcomes.values() if r["subtest"] is sub]
+        counts = sorted(collections.Counter(r["outcome"] for r in rows).items(), key=lambda kv: RANK[kv[0]])
+        parts.append(f"{len(rows)} {noun}" + (": " + ", ".join(f"{n} {k}" for k, n in counts) if rows else ""))
+    return "; ".join(parts)
 
 
 def compare(stock: dict[str, dict], fused: dict[str, dict]) -> tuple[list[tuple[str, str, str]], list[str]]:
@@ -235,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no test files among {args.files} in {src_python}, or no {src_testdata}", file=sys.stderr)
         return 2
     try:
-        import ortfuse  # noqa: F401, PLC0415  (the ortfuse run needs it importable)
+        import ortfuse  # noqa: F401  (the ortfuse run needs it importable)
     except ImportError as exc:
         print(f"error: ortfuse is not importable ({exc}); run `pip install -e .` first", file=sys.stderr)
         return 2
@@ -263,12 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + _table(f"{mode} ORT" if mode == "stock" else "ortfuse (fusion=True)", outcomes[mode]))
     print(f"\nfiles: {', '.join(files)} from {args.ort_src}")
     for mode in MODES:
-        print(f"{mode:>8}: {len(outcomes[mode])} tests: {_totals(outcomes[mode])}")
+        print(f"{mode:>8}: {_totals(outcomes[mode])}")
     f = stats["ortfuse"]
     print(
         f"ortfuse run: {f.get('sessions_created', 0)} sessions through the patched InferenceSession "
         f"({f.get('sessions_fused', 0)} with a fusion applied), {f.get('backend_reps', 0)} ortfuse.backend reps"
     )
+    for test_id, n in sorted(f.get("fused_in", {}).items()):
+        print(f"  fused sessions in {test_id}: {n}")
 
     diffs, worse = compare(outcomes["stock"], outcomes["ortfuse"])
     print(f"\ndifferences: {len(diffs)}" + ("" if diffs else " (same outcome for every test)"))
