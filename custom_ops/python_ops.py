@@ -28,8 +28,8 @@ def _array_hook(k_id, feed, attributes):
     outputs = result if isinstance(result, tuple) else (result,)
     flat = []
     for out in outputs:
-        arr = np.ascontiguousarray(out)
-        flat.extend((arr.shape, arr.reshape(-1)))
+        arr = np.asarray(out)  # ascontiguousarray would turn a rank-0 result into shape (1,)
+        flat.extend((arr.shape, np.ascontiguousarray(arr).reshape(-1)))
     return (k_id, *flat)
 
 

@@ -51,6 +51,15 @@ def _config_entry(sess_options, key: str) -> str:
         return ""
 
 
+def _options_forbid_fusion(sess_options) -> str:
+    """Session options under which a fused graph would give the caller a different answer than ORT."""
+    if _config_entry(sess_options, "session.record_ep_graph_assignment_info") == "1":
+        return "the session records ORT's node placement, which must describe the original nodes"
+    if sess_options is not None and sess_options.optimized_model_filepath:
+        return "the optimized model ORT saves (optimized_model_filepath) must load in stock ORT"
+    return ""
+
+
 def _valid_fusion_value(fusion) -> bool:
     return fusion is None or fusion is True or fusion is False or fusion == "auto"
 
@@ -97,6 +106,9 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     if fusion is False:
         return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it")
     explicit = validate_patterns(fusion_patterns) if fusion_patterns is not None else None
+    why_not = _options_forbid_fusion(sess_options)
+    if why_not:
+        return None, FusionReport(reason=why_not, stepped_aside=True)
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.

@@ -169,6 +169,12 @@ def _run(mode: str, workdir: Path, plugin_dir: Path, files: list[str], timeout: 
     try:
         proc = subprocess.run(cmd, check=False, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
         tail = (proc.stdout.strip().splitlines() or [f"(no output, exit status {proc.returncode})"])[-1]
+        if proc.returncode not in (0, 1):  # 0/1: tests ran; anything else: pytest itself failed, show why
+            print(
+                f"[{mode}] pytest exit status {proc.returncode}:",
+                *(proc.stdout + proc.stderr).splitlines()[-20:],
+                sep="\n  ",
+            )
     except subprocess.TimeoutExpired:
         tail = f"(timed out after {timeout:.0f} s)"
     outcomes: dict[str, dict] = {}
