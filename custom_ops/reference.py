@@ -145,7 +145,20 @@ UNARY = {
     "Ceil": np.ceil,
     "Softplus": lambda x: np.logaddexp(np.float32(0), x),
 }
-BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
+def c_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Power with C's ``pow`` semantics (ORT's), which differ from numpy's for a base of -inf:
+    pow(-inf, y) is +inf for y > 0 and +0 for y < 0 unless y is an odd integer (then -inf / -0)."""
+    out = np.power(a, b)
+    b = np.broadcast_to(b, out.shape)
+    a = np.broadcast_to(a, out.shape)
+    odd = (np.mod(b, 2) == 1) | (np.mod(b, 2) == -1)
+    fix = np.isneginf(a) & ~odd & ~np.isnan(b)
+    if fix.any():
+        out = np.where(fix & (b > 0), np.float32(np.inf), np.where(fix & (b < 0), np.float32(0), out))
+    return out
+
+
+BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": c_pow,
           "Max": np.maximum, "Min": np.minimum}
 
 

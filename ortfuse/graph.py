@@ -71,7 +71,21 @@ class GraphIndex:
             except Exception as exc:  # a model ORT accepts may still trip onnx's inference
                 self.shape_inference_error = f"{type(exc).__name__}: {exc}"[:200]
         self.claimed: set[int] = set()  # ids of nodes already taken by a match (set by the rewriter)
-        self._names = {id(n): n.name or f"{n.op_type}_{i}" for i, n in enumerate(self.graph.node)}
+        self.relaxed = False
+        self._taken = {n.name for n in self.graph.node if n.name} | set(self._types) | set(self.producer)
+        self._taken |= {i for n in self.graph.node for i in n.input}
+        self._names = {}
+        for i, n in enumerate(self.graph.node):
+            self._names[id(n)] = n.name or self.unique_name(f"{n.op_type}_{i}")
+
+    def unique_name(self, base: str) -> str:
+        """``base``, or ``base_<k>``, not used by any node or tensor of the graph (nor given out before)."""
+        name, k = base, 0
+        while name in self._taken:
+            k += 1
+            name = f"{base}_{k}"
+        self._taken.add(name)
+        return name
 
     def _record_types(self, *groups: Iterable[onnx.ValueInfoProto]) -> None:
         for group in groups:
@@ -93,8 +107,13 @@ class GraphIndex:
         return self.consumers.get(tensor, [])
 
     def only_consumer(self, tensor: str) -> onnx.NodeProto | None:
-        """The single consumer of ``tensor`` if it has exactly one and is not a graph output."""
+        """The single consumer of ``tensor`` if it has exactly one and is not a graph output.
+
+        In ``relaxed`` mode (used only to explain why a candidate was not fused) it returns the
+        first consumer whatever the count, so the rewriter's legality check can name the reason."""
         users = self.consumers_of(tensor)
+        if self.relaxed:
+            return users[0] if users else None
         if len(users) != 1 or tensor in self.graph_outputs:
             return None
         return users[0]
@@ -157,8 +176,9 @@ class GraphIndex:
         return None
 
     def is_scalar_const(self, name: str, expected: float, rtol: float = 1e-6) -> bool:
+        """A constant of one element and rank <= 1 (a higher rank would change the output's rank)."""
         value = self.const(name)
-        return value is not None and value.size == 1 and np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0)
+        return value is not None and value.size == 1 and value.ndim <= 1 and np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0)
 
     # --- types --------------------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:

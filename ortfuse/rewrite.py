@@ -20,10 +20,11 @@ from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
 from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
 from ortfuse.ort_territory import reserved_for_ort
 from ortfuse.patterns import MATCHERS
-from ortfuse.patterns.base import Match, Reject
+from ortfuse.patterns.base import Match, Reject, intermediate_problem
 from ortfuse.report import FUSED, REJECTED, FusionReport, MatchRecord
 
 MIN_OPSET = 7
+UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor: not a rejection
 GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
 REFERENCE_KERNEL = "reference (numpy through onnxruntime-extensions Python op)"
 
@@ -109,6 +110,8 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> li
             if id(node) in claimed or id(node) in rejected:
                 continue
             result = matcher(ix, node)
+            if result is None and pid not in UNEXPLAINED_PATTERNS:
+                result = _explain_near_miss(ix, matcher, node, pid)
             if result is None:
                 continue
             names = [ix.name_of(n) for n in result.nodes]
@@ -133,6 +136,20 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> li
                                  kernel=REFERENCE_KERNEL)
             report.matches.append(record)
     return matches
+
+
+def _explain_near_miss(ix: GraphIndex, matcher, node: onnx.NodeProto, pid: str) -> Reject | None:
+    """Match again letting single-consumer steps follow any consumer; a candidate found that way
+    was missed only because an intermediate tensor is used elsewhere, which becomes its reason."""
+    ix.relaxed = True
+    try:
+        result = matcher(ix, node)
+    finally:
+        ix.relaxed = False
+    if result is None or any(id(n) in ix.claimed for n in result.nodes):
+        return None
+    problem = result.reason if isinstance(result, Reject) else intermediate_problem(ix, result.nodes, result.output)
+    return Reject(pid, result.nodes, problem) if problem else None
 
 
 def _scalar_io(ix: GraphIndex, m: Match) -> str:

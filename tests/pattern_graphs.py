@@ -12,15 +12,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
+from ortfuse.custom_ops.specs import DOMAIN
 
 import ortfuse
-from ortfuse.custom_ops.specs import DOMAIN
 
 SQRT2 = float(np.sqrt(2.0))
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 CPU = ["CPUExecutionProvider"]
 _NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-               np.dtype(np.float64): onnx.TensorProto.DOUBLE}
+               np.dtype(np.float64): onnx.TensorProto.DOUBLE, np.dtype(np.int64): onnx.TensorProto.INT64,
+               np.dtype(np.int32): onnx.TensorProto.INT32}
 
 
 class GraphBuilder:
@@ -45,11 +46,13 @@ class GraphBuilder:
         return f"{prefix}{self._k}"
 
     # --- tensors -----------------------------------------------------------------------------
-    def input(self, name: str, shape, low: float = -3.0, high: float = 3.0, dtype=None) -> str:
+    def input(self, name: str, shape, low: float = -3.0, high: float = 3.0, dtype=None, feed_shape=None) -> str:
+        """A graph input; symbolic dims (str) are fed as 3 unless ``feed_shape`` says otherwise."""
         dtype = np.dtype(dtype or self.dtype)
         elem = onnx.TensorProto.BOOL if dtype == np.bool_ else _NP_TO_ONNX[dtype]
         self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
-        self.feed_spec[name] = (tuple(int(d) for d in shape), low, high, dtype)
+        feed_shape = feed_shape or [3 if isinstance(d, str) else d for d in shape]
+        self.feed_spec[name] = (tuple(int(d) for d in feed_shape), low, high, dtype)
         return name
 
     def _array(self, value) -> np.ndarray:
@@ -120,6 +123,8 @@ class GraphBuilder:
         for name, (shape, low, high, dtype) in self.feed_spec.items():
             if dtype == np.bool_:
                 out[name] = np.array(rng.random() < 0.5) if shape == () else rng.random(shape) < 0.5
+            elif dtype.kind in "iu":
+                out[name] = rng.integers(int(low) - 5, int(high) + 5, shape).astype(dtype)
             else:
                 out[name] = rng.uniform(low, high, shape).astype(dtype)
         return out

@@ -172,7 +172,7 @@ def match_hardswish_decomposed(ix: GraphIndex, x: str):
     for add in _consumers(ix, x, "Add"):
         other = ix.other_input(add, x)
         a = ix.const(other) if other else None
-        if a is None or a.size != 1:
+        if a is None or a.size != 1 or a.ndim > 1:
             continue
         clip = _next(ix, add.output[0], "Clip")
         bounds = clip and _clip_bounds(ix, clip)
@@ -182,13 +182,13 @@ def match_hardswish_decomposed(ix: GraphIndex, x: str):
         if div is not None and div.input[0] == clip.output[0]:
             d = ix.const(div.input[1])
             mul = _times_x(ix, div.output[0], x)
-            if d is not None and d.size == 1 and mul is not None:
+            if d is not None and d.size == 1 and d.ndim <= 1 and mul is not None:
                 return [add, clip, div, mul], mul.output[0], (float(a.reshape(-1)[0]), *bounds, float(d.reshape(-1)[0]))
         mul = _times_x(ix, clip.output[0], x)
         div = mul and _next(ix, mul.output[0], "Div")
         if div is not None and div.input[0] == mul.output[0]:
             d = ix.const(div.input[1])
-            if d is not None and d.size == 1:
+            if d is not None and d.size == 1 and d.ndim <= 1:
                 return [add, clip, mul, div], div.output[0], (float(a.reshape(-1)[0]), *bounds, float(d.reshape(-1)[0]))
     return None
 

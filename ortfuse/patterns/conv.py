@@ -62,15 +62,19 @@ def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore
     add = ix.only_consumer(out)
     if add is not None and add.op_type == "Add":
         b = ix.const(ix.other_input(add, out) or "")
-        if b is not None and b.size == m and (b.ndim <= 1 or b.shape[-3:] == (m, 1, 1) or b.shape == (1, m, 1, 1)):
-            bias = bias + b.astype(np.float64).reshape(m)
+        # per-channel means shape [M,1,1] or [1,M,1,1]; a 1-D [M] would broadcast along the width
+        per_channel = b is not None and b.shape in ((m, 1, 1), (1, m, 1, 1))
+        uniform = b is not None and b.size == 1 and b.ndim <= 4
+        if per_channel or uniform:
+            bias = bias + np.broadcast_to(b.astype(np.float64).reshape(-1), (m,))
             nodes.append(add)
             out = add.output[0]
             has_bias_add = True
     bn = ix.only_consumer(out)
     if bn is not None and bn.op_type == "BatchNormalization" and bn.input[0] == out:
         params = [ix.const(name) for name in bn.input[1:5]]
-        if all(p is not None for p in params) and not attr(bn, "training_mode", 0) and not any(bn.output[1:]):
+        per_channel = all(p is not None and p.size == m for p in params) and attr(bn, "spatial", 1) == 1
+        if per_channel and not attr(bn, "training_mode", 0) and not any(bn.output[1:]):
             gamma, beta, mean, var = (p.astype(np.float64).reshape(m) for p in params)
             scale = gamma / np.sqrt(var + float(attr(bn, "epsilon", 1e-5)))
             weight = weight * scale.reshape(m, 1, 1, 1)
@@ -87,8 +91,11 @@ def _fused_attrs(core: ConvCore, activation: str) -> dict:
             "dilations": ",".join(map(str, a["dilations"])), "group": a["group"], "activation": activation}
 
 
-def _weights(core: ConvCore, node_name: str) -> list[onnx.TensorProto]:
-    return [numpy_helper.from_array(core.weight, f"{node_name}_W"), numpy_helper.from_array(core.bias, f"{node_name}_B")]
+def _weights(ix: GraphIndex, core: ConvCore, node: onnx.NodeProto) -> list[onnx.TensorProto]:
+    """The folded weight and bias as new initializers, with names unused in the graph."""
+    base = f"{ix.name_of(node)}_fused"
+    return [numpy_helper.from_array(core.weight, ix.unique_name(f"{base}_W")),
+            numpy_helper.from_array(core.bias, ix.unique_name(f"{base}_B"))]
 
 
 # Conv [-> Add(bias)] [-> BatchNormalization] [-> Relu | Clip | HardSigmoid | HardSwish | SiLU]
@@ -99,17 +106,21 @@ def match_conv_bn_relu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject |
         return core
     epilogue = match_conv_activation(ix, core.output)
     nodes, out, kind, alpha, beta = core.nodes, core.output, "", 0.0, 0.0
-    if epilogue is not None and not intermediate_problem(ix, core.nodes + epilogue.nodes, epilogue.output):
-        nodes, out = core.nodes + epilogue.nodes, epilogue.output
-        kind, alpha, beta = epilogue.kind, epilogue.alpha, epilogue.beta
+    if epilogue is not None:
+        problem = intermediate_problem(ix, core.nodes + epilogue.nodes, epilogue.output)
+        if not problem:
+            nodes, out = core.nodes + epilogue.nodes, epilogue.output
+            kind, alpha, beta = epilogue.kind, epilogue.alpha, epilogue.beta
+        elif len(core.nodes) == 1:
+            return Reject("conv_bn_relu", core.nodes + epilogue.nodes, problem)
     if len(nodes) == 1:
         return None  # a bare Conv: nothing to fuse
     problem = intermediate_problem(ix, nodes, out)
     if problem:
         return Reject("conv_bn_relu", nodes, problem)
-    name = f"{ix.name_of(node)}_fused"
-    return Match("conv_bn_relu", "FusedConvAct", nodes, [node.input[0], f"{name}_W", f"{name}_B"], out,
-                 {**_fused_attrs(core, kind), "alpha": alpha, "beta": beta}, _weights(core, name))
+    weights = _weights(ix, core, node)
+    return Match("conv_bn_relu", "FusedConvAct", nodes, [node.input[0]] + [w.name for w in weights], out,
+                 {**_fused_attrs(core, kind), "alpha": alpha, "beta": beta}, weights)
 
 
 # Conv [-> Add(bias)] [-> BatchNormalization] -> Add(residual) -> Relu
@@ -117,7 +128,7 @@ def match_conv_bn_relu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject |
 def match_conv_add_relu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject | None:
     core = conv_core(ix, node, "conv_add_relu")
     if not isinstance(core, ConvCore):
-        return None  # conv_bn_relu reports why this Conv cannot be fused
+        return core  # the Conv itself cannot be fused: the reason is reported once per pattern
     add = ix.only_consumer(core.output)
     if add is None or add.op_type != "Add":
         return None
@@ -132,10 +143,10 @@ def match_conv_add_relu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject 
         problem = f"residual shape {res_shape} differs from the conv output shape {conv_shape}"
     if problem:
         return Reject("conv_add_relu", nodes, problem)
-    name = f"{ix.name_of(node)}_fused"
+    weights = _weights(ix, core, node)
     return Match("conv_add_relu", "FusedConvAddAct", nodes,
-                 [node.input[0], f"{name}_W", f"{name}_B", residual], relu.output[0],
-                 _fused_attrs(core, "relu"), _weights(core, name))
+                 [node.input[0]] + [w.name for w in weights] + [residual], relu.output[0],
+                 _fused_attrs(core, "relu"), weights)
 
 
 def _definitely_differ(a: list, b: list) -> bool:

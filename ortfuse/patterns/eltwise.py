@@ -44,6 +44,8 @@ def match_hardswish(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject | No
         if mul is None or mul.op_type != "Mul" or ix.other_input(mul, node.output[0]) != x:
             return None
         alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
+        if alpha <= 0:
+            return None  # not a HardSwish; an eltwise_chain may still take it
         # x * clip(alpha x + beta, 0, 1) == x * clip(x + beta/alpha, 0, 1/alpha) / (1/alpha)
         params = {"add": beta / alpha, "lo": 0.0, "hi": 1.0 / alpha, "div": 1.0 / alpha}
         return _checked(ix, Match("hardswish", "FusedHardSwish", [node, mul], [x], mul.output[0], params), x)
@@ -108,6 +110,9 @@ def match_eltwise_chain(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject 
     if node.op_type in BINARY:
         dynamic = [i for i in node.input if ix.const(i) is None]
         x = dynamic[0] if dynamic else None
+        if len(dynamic) == 2 and ix.shape(node.output[0]) is not None:
+            # run the chain on the input that already has the output's shape; the other broadcasts
+            x = next((i for i in dynamic if ix.shape(i) == ix.shape(node.output[0])), x)
     else:
         x = node.input[0] if node.input else None
     if not x:

@@ -59,7 +59,8 @@ def _core(ix: GraphIndex, node: onnx.NodeProto):
         add = ix.only_consumer(out)
         if add is not None and add.op_type == "Add":
             b = ix.const(ix.other_input(add, out) or "")
-            if b is not None and b.size == n and (b.ndim <= 1 or all(d == 1 for d in b.shape[:-1])):
+            x_rank = len(ix.shape(node.input[0]) or []) or 2  # MatMul output rank = x's rank (x rank >= 2)
+            if b is not None and b.size == n and b.ndim <= x_rank and all(d == 1 for d in b.shape[:-1]):
                 nodes, out, bias = nodes + [add], add.output[0], b.astype(np.float64).reshape(n)
         return nodes, out, w.astype(np.float64), bias
     return None
@@ -78,8 +79,8 @@ def match_gemm_relu_gelu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject
     problem = float32_problem(ix, node.input[0], epilogue.output) or intermediate_problem(ix, nodes, epilogue.output)
     if problem:
         return Reject(PATTERN, nodes, problem)
-    name = f"{ix.name_of(node)}_fused"
-    inits = [numpy_helper.from_array(w.astype(np.float32), f"{name}_W"),
-             numpy_helper.from_array(bias.astype(np.float32), f"{name}_B")]
-    return Match(PATTERN, "FusedGemmAct", nodes, [node.input[0], f"{name}_W", f"{name}_B"], epilogue.output,
+    base = f"{ix.name_of(node)}_fused"
+    inits = [numpy_helper.from_array(w.astype(np.float32), ix.unique_name(f"{base}_W")),
+             numpy_helper.from_array(bias.astype(np.float32), ix.unique_name(f"{base}_B"))]
+    return Match(PATTERN, "FusedGemmAct", nodes, [node.input[0]] + [t.name for t in inits], epilogue.output,
                  {"activation": epilogue.kind}, inits)
