@@ -14,3 +14,53 @@ def register_library(sess_options) -> None:
 
     register_python_ops()
     sess_options.register_custom_ops_library(get_library_path())
+
+
+def register_native(sess_options, op_names) -> bool:
+    """Register the native (numba cfunc) kernels of ``op_names``, then the extensions library.
+
+    ``op_names`` are native op types (``OpSpec.name``, e.g. ``FusedAddRelu``; see
+    ``native_op_types()``). On success the ops are added to onnxruntime-extensions (once per
+    process, compiled or loaded from the on-disk cache on first use) and
+    ``register_library(sess_options)`` runs, so ``...Ref`` Python ops stay available in the same
+    session. Returns False, registering nothing on ``sess_options``, when the native path is
+    unavailable (``ORTFUSE_NATIVE=0``, ORT older than 1.17, extensions without
+    ``AddExternalCustomOp``, an op without a native kernel, a Python op of the same name, a compile
+    failure; why: ``native_unavailable_reason(op_names)``); the caller then uses the ``...Ref`` ops
+    and ``register_library``. Call it instead of, never after, ``register_library`` on one
+    SessionOptions (the library must be registered once per options, after every op is added).
+    """
+    from ortfuse.custom_ops import native
+
+    ok, reason = native.ensure_registered(op_names)
+    if not ok:
+        _last_native_reason[0] = reason
+        return False
+    _last_native_reason[0] = None
+    register_library(sess_options)
+    return True
+
+
+_last_native_reason: list = [None]
+
+
+def native_unavailable_reason(op_names=()) -> str | None:
+    """Why ``register_native(..., op_names)`` would return False (or why the last call did); None
+    when nothing is known to stand in its way."""
+    from ortfuse.custom_ops import native
+
+    reason = native.unavailable_reason()
+    if reason:
+        return reason
+    missing = [n for n in op_names if n not in native.native_ops()]
+    if missing:
+        return f"no native kernel for {', '.join(missing)}"
+    return _last_native_reason[0]
+
+
+def native_op_types() -> frozenset[str]:
+    """Fused op types (``OpSpec.name``) that have a native kernel."""
+    from ortfuse.custom_ops.native_ops import NATIVE_OPS
+    from ortfuse.custom_ops.specs import SPECS
+
+    return frozenset(n for n in NATIVE_OPS if n in SPECS)

@@ -23,19 +23,31 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 
-def interleave(configs: Sequence[str], runs: int) -> list[list[str]]:
+def interleave(configs: Sequence[str], runs: int, rotate: bool = True) -> list[list[str]]:
     """The passes of one repeat: ``runs`` passes, alternately in order and in reverse order.
 
     Every configuration appears exactly once per pass, so ``runs`` passes give ``runs`` single runs of
     each configuration. Two consecutive passes form one round ``A B .. Z Z .. B A`` (``A B B A`` for two
     configurations); an odd ``runs`` ends with one forward pass.
+
+    The configurations at the two ends of a round run twice in a row (``Z Z``, then ``A A`` into the
+    next round), the others never do, and that position alone made an identical session measurably
+    slower or faster (see ``ortfuse.bench``). With ``rotate`` (the default), round ``k`` starts at the
+    ``k``-th configuration (``B C .. A A .. C B`` for k=1), so over ``len(configs)`` rounds every
+    configuration holds every position equally often. The first round is always ``A B .. Z Z .. B A``;
+    two configurations are both at the ends already and keep the plain ``A B B A A B B A ...``.
     """
     if runs < 0:
         raise ValueError(f"runs must be >= 0, got {runs}")
     names = list(configs)
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must be unique, got {names}")
-    return [names if i % 2 == 0 else names[::-1] for i in range(runs)]
+    passes = []
+    for i in range(runs):
+        k = (i // 2) % len(names) if (rotate and len(names) > 2) else 0
+        order = names[k:] + names[:k]
+        passes.append(order if i % 2 == 0 else order[::-1])
+    return passes
 
 
 def measure(
@@ -45,6 +57,7 @@ def measure(
     repeats: int,
     warmup: int = 2,
     gap_s: float = 0.0,
+    rotate: bool = True,
     on_pass: Callable[[], None] | None = None,
     clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, list[list[float]]]:
@@ -54,6 +67,7 @@ def measure(
     they were measured. Each repeat starts with ``warmup`` untimed passes. ``gap_s`` is an idle
     sleep before every single run (timed or not), the same for all configurations. Python's garbage
     collector is paused while timing so that a collection never lands inside one configuration's run.
+    ``rotate``: see ``interleave``.
     ``on_pass`` is called after every pass (progress bars).
     """
     if repeats < 1 or runs < 1:
@@ -65,7 +79,7 @@ def measure(
     gc.disable()
     try:
         for _ in range(repeats):
-            for order in interleave(names, warmup):
+            for order in interleave(names, warmup, rotate):
                 for name in order:
                     if gap_s:
                         time.sleep(gap_s)
@@ -73,7 +87,7 @@ def measure(
                 if on_pass:
                     on_pass()
             lat: dict[str, list[float]] = {name: [] for name in names}
-            for order in interleave(names, runs):
+            for order in interleave(names, runs, rotate):
                 for name in order:
                     if gap_s:
                         time.sleep(gap_s)

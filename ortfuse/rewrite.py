@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import onnx
 
-from ortfuse import metadata
+from ortfuse import metadata, registry
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
 from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
@@ -27,6 +27,12 @@ MIN_OPSET = 7
 UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor: not a rejection
 GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
 REFERENCE_KERNEL = "reference (numpy through onnxruntime-extensions Python op)"
+
+
+def native_op_types(model: onnx.ModelProto) -> set[str]:
+    """The native fused op types a (fused) model uses."""
+    return {n.op_type for n in model.graph.node
+            if n.domain == DOMAIN and spec_for_op_type(n.op_type) and not n.op_type.endswith("Ref")}
 
 
 def is_rewritten(model: onnx.ModelProto) -> bool:
@@ -42,14 +48,19 @@ def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             pid = attrs.get("pattern_id", b"").decode()
             replaced = attrs.get("replaced_nodes", b"").decode().split(",")
-            report.matches.append(MatchRecord(pid, replaced, FUSED, fused_node=node.name, kernel=REFERENCE_KERNEL))
+            kernel = REFERENCE_KERNEL if node.op_type.endswith("Ref") else "native numba"
+            report.matches.append(MatchRecord(pid, replaced, FUSED, fused_node=node.name, kernel=kernel))
     report.patterns = sorted({m.pattern_id for m in report.matches})
     report.reason = f"model was saved already fused ({len(report.matches)} fused op(s))"
     return report
 
 
-def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
+         kernels: str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
+
+    Each fused op gets the kernel ``registry.select`` picks for this CPU (``kernels="reference"``
+    forces the numpy reference path); a match with no kernel stays unfused, with the reason.
 
     Unknown pattern ids raise ``UnknownPatternError``; a model whose rewrite would fail
     ``onnx.checker`` comes back unchanged with the reason in the report.
@@ -68,7 +79,7 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None) ->
         return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
-    matches = _match_all(ix, ids, report)
+    matches = _match_all(ix, ids, report, kernels)
     if not matches:
         report.reason = "no candidate was fused" if report.matches else "no pattern matched"
         return out, report
@@ -99,7 +110,7 @@ def _version() -> str:
     return __version__
 
 
-def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> list[Match]:
+def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | None) -> list[Match]:
     claimed: dict[int, str] = {}
     reserved = reserved_for_ort(ix)
     matches: list[Match] = []
@@ -124,16 +135,22 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport) -> li
             if isinstance(result, Match) and _scalar_io(ix, result):
                 result = Reject(pid, result.nodes, f"rank-0 tensor '{_scalar_io(ix, result)}': the fused op path "
                                                    "does not keep scalar shapes")
+            selection = None
+            if isinstance(result, Match):
+                selection = registry.select(result.op, "float32", prefer=kernels)
+                if selection.kernel is None:
+                    result = Reject(pid, result.nodes, selection.reason)
             if isinstance(result, Reject):
                 rejected |= {id(n) for n in result.nodes}
                 report.matches.append(MatchRecord(pid, names, REJECTED, result.reason))
                 continue
+            result.op_type = selection.kernel.op_type
             for n in result.nodes:
                 claimed[id(n)] = pid
                 ix.claimed.add(id(n))
             matches.append(result)
             record = MatchRecord(pid, names, FUSED, fused_node=f"ortfuse_{pid}_{len(matches) - 1}",
-                                 kernel=REFERENCE_KERNEL)
+                                 kernel=selection.label)
             report.matches.append(record)
     return matches
 
@@ -195,7 +212,7 @@ def _fused_node(ix: GraphIndex, k: int, m: Match) -> onnx.NodeProto:
     attrs = {**m.attrs, "pattern_id": m.pattern_id, "replaced_nodes": names}
     missing = set(spec.all_attrs()) - set(attrs)
     assert not missing, f"{m.op} match lacks attributes {missing}"
-    return onnx.helper.make_node(spec.ref_op_type, m.inputs, [m.output], name=f"ortfuse_{m.pattern_id}_{k}",
+    return onnx.helper.make_node(m.op_type or spec.ref_op_type, m.inputs, [m.output], name=f"ortfuse_{m.pattern_id}_{k}",
                                  domain=DOMAIN, doc_string=f"ortfuse {m.pattern_id}: replaces {names}", **attrs)
 
 

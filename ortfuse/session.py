@@ -26,7 +26,7 @@ from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.report import DISABLED, FUSED, FusionReport
-from ortfuse.rewrite import fuse, is_rewritten, report_of_rewritten
+from ortfuse.rewrite import fuse, is_rewritten, native_op_types, report_of_rewritten
 
 _PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
 
@@ -39,6 +39,7 @@ class _Plan:
     report: FusionReport
     disabled_optimizers: set[str] = field(default_factory=set)
     needs_custom_ops: bool = False
+    native_ops: frozenset = frozenset()  # native fused op types the model uses
 
 
 def _config_entry(sess_options, key: str) -> str:
@@ -100,7 +101,7 @@ def _resolve_external_data(model: onnx.ModelProto, source: str | bytes) -> str:
     return ""
 
 
-def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan | None, FusionReport]:
+def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) -> tuple[_Plan | None, FusionReport]:
     """Decide whether and how to fuse; never raises for a model ORT could load, except for bad
     fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix."""
     if fusion is False:
@@ -115,7 +116,7 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
         return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"])
     if is_rewritten(model):  # saved by `ortfuse-annotate --rewrite`: run it as is, with our ops registered
         report = report_of_rewritten(model)
-        return _Plan(source, report, needs_custom_ops=True), report
+        return _Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model))), report
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
@@ -126,7 +127,7 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
     why_not = _resolve_external_data(model, source)
     if why_not:
         return None, FusionReport(reason=why_not, patterns=list(patterns), stepped_aside=True)
-    fused, report = fuse(model, patterns)
+    fused, report = fuse(model, patterns, kernels)
     if not report.applied:
         return None, report
     auto = fusion == "auto" or (fusion is None and request.auto and explicit is None)
@@ -138,8 +139,9 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns) -> tuple[_Plan |
         report.reason = "the fused model would exceed protobuf's 2 GiB limit; ORT loads the original"
         report.stepped_aside = True
         return None, report
-    needs_custom_ops = any(n.domain == "ai.onnx.contrib" for n in fused.graph.node)
-    plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops)
+    needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
+    plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
+                 frozenset(native_op_types(fused)))
     return plan, report
 
 
@@ -198,7 +200,15 @@ class InferenceSession(_ort.InferenceSession):
             source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
-                sess_options = _with_custom_ops(sess_options)
+                sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
+                if why_not:  # native path unavailable: the same fusions on the reference kernels
+                    _warn_native_fallback(why_not)
+                    plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion,
+                                                            fusion_patterns, kernels="reference")
+                    self.fusion_report.notes.append(f"native kernels unavailable ({why_not}); reference kernels used")
+                    source = plan.source if plan is not None else path_or_bytes
+                    if plan is not None and plan.needs_custom_ops:
+                        sess_options, _ = _with_custom_ops(sess_options, frozenset())
         elif fusion is True or fusion == "auto":
             if self.fusion_report.stepped_aside and "model not parsed by onnx" not in self.fusion_report.notes:
                 warnings.warn(f"ortfuse: fusion requested but not applied: {self.fusion_report.reason}", stacklevel=2)
@@ -209,7 +219,8 @@ class InferenceSession(_ort.InferenceSession):
             if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
                 raise
             self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
-            super().__init__(source, _with_custom_ops(sess_options), providers, provider_options, **kwargs)
+            super().__init__(source, _with_custom_ops(sess_options, frozenset())[0], providers, provider_options,
+                             **kwargs)
 
     def _create_inference_session(self, providers, provider_options, disabled_optimizers=None):
         merged = set(disabled_optimizers or ()) | self._ortfuse_disabled_optimizers
@@ -219,13 +230,37 @@ class InferenceSession(_ort.InferenceSession):
 _REGISTERED_KEY = "ortfuse.custom_ops_registered"
 
 
-def _with_custom_ops(sess_options):
-    """Register the onnxruntime-extensions library (which carries our fused ops) once per options."""
+_NATIVE_KEY = "ortfuse.native_ops"
+_warned: list[bool] = [False]
+
+
+def _warn_native_fallback(reason: str) -> None:
+    if not _warned[0]:
+        _warned[0] = True
+        warnings.warn(f"ortfuse: native kernels unavailable ({reason}); using the reference kernels", stacklevel=3)
+
+
+def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
+    """Register our fused ops and the onnxruntime-extensions library on the options, once per options.
+
+    Returns (options, "") or (options, why the native ops could not be registered). The library reads
+    the op list when it is registered, so options registered before cannot take new native ops."""
     from ortfuse.custom_ops import registration
 
     if sess_options is None:
         sess_options = _ort.SessionOptions()
-    if _config_entry(sess_options, _REGISTERED_KEY) != "1":
+    if _config_entry(sess_options, _REGISTERED_KEY) == "1":
+        have = set(filter(None, _config_entry(sess_options, _NATIVE_KEY).split(",")))
+        missing = set(native_ops) - have
+        if missing:
+            return sess_options, (f"these SessionOptions were registered before without {', '.join(sorted(missing))}; "
+                                  "use a new SessionOptions per fused session")
+        return sess_options, ""
+    if native_ops:
+        if not registration.register_native(sess_options, sorted(native_ops)):
+            return sess_options, registration.native_unavailable_reason(sorted(native_ops)) or "unknown reason"
+    else:
         registration.register_library(sess_options)
-        sess_options.add_session_config_entry(_REGISTERED_KEY, "1")
-    return sess_options
+    sess_options.add_session_config_entry(_REGISTERED_KEY, "1")
+    sess_options.add_session_config_entry(_NATIVE_KEY, ",".join(sorted(native_ops)))
+    return sess_options, ""

@@ -19,6 +19,7 @@ class Match:
     output: str
     attrs: dict = field(default_factory=dict)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
+    op_type: str = ""  # set by the rewriter from the kernel the registry selects
 
 
 @dataclass

@@ -1,0 +1,737 @@
+"""Compute callbacks and workers of the native fused ops, and the table ``NATIVE_OPS``.
+
+Each op has:
+
+* *span kernels* (``@njit``): the math on contiguous float32 arrays over ``[start, end)``
+  (``add_relu_span``, ``hardswish_span``, ``silu_span``, ``gemm_rows``). They are the swap points
+  for faster kernels (e.g. vectorised float32 math): replace the function or its import *in this
+  file*. Do not monkeypatch them at run time: compiled code is cached on disk and stamped with this
+  package's source files, so only a source change recompiles the callers.
+* a *worker* ``(args, block) -> None``, compiled as a ``void(void*, size_t)`` cfunc: unpacks the
+  args block the compute filled and runs the span kernel on one block.
+* a *compute* ``(kernel, ctx) -> OrtStatus*``, shared by an op family (``_compute_unary``,
+  ``_compute_binary``): checks input count, element types, ranks and shapes, returns a status with
+  a one-sentence message on any mismatch, allocates the output, fills the args block and hands the
+  blocks to ``native.run_blocks`` (serial, ORT's thread pool or numba's, see
+  ``native.set_threading``). Nothing reads or writes outside the tensors ORT gave it.
+
+Op types are ``OpSpec.name`` (``FusedAddRelu``...), never the Python-op ``...Ref`` names.
+``FusedGemmAct`` reads its ``activation`` string once in CreateKernel as '+'-joined tokens from
+``GEMM_ACTIVATIONS`` (``""`` or absent = none); any other token makes session creation fail with a
+message naming the accepted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import carray, njit
+
+from ortfuse.custom_ops import abi
+from ortfuse.custom_ops.abi import (
+    cstr,
+    int_to_voidptr,
+    load_i64,
+    msg_put,
+    msg_put_dims,
+    msg_status,
+    stack_bytes,
+    store_i64,
+)
+from ortfuse.custom_ops.native import (
+    DIMS_BYTES,
+    MAX_RANK,
+    MSG_CAP,
+    AttrDef,
+    NativeOpDef,
+    check_float_input,
+    check_input_count,
+    element_count,
+    fail,
+    make_output,
+    msg_begin,
+    read_input,
+    run_blocks,
+    slot_api,
+    slot_f32,
+    slot_i64,
+)
+
+BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
+# stack buffer sizes (stack_bytes needs module constants, not expressions)
+ADD_RELU_SCRATCH = 8 * (3 * MAX_RANK + 1 + 3 * MAX_RANK)
+GEMM_SCRATCH = 4 * DIMS_BYTES
+
+_T_AND = cstr(" and ")
+_T_NO_BROADCAST = cstr("input shapes ")
+_T_NO_BROADCAST2 = cstr(" do not broadcast")
+
+
+@njit(cache=True)
+def _f32_view(addr, n):
+    return carray(int_to_voidptr(addr), (n,), np.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Broadcasting of two inputs (numpy rules), reduced to rows: out = rows x inner
+# --------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def broadcast_dims(da, ra, db, rb, do):
+    """Write the numpy broadcast of two shapes at ``do``; returns its rank, or -1 if they do not broadcast."""
+    ro = max(ra, rb)
+    for k in range(ro):
+        ia = ra - ro + k
+        ib = rb - ro + k
+        a = load_i64(da + 8 * ia) if ia >= 0 else np.int64(1)
+        b = load_i64(db + 8 * ib) if ib >= 0 else np.int64(1)
+        if a == b or b == 1:
+            store_i64(do + 8 * k, a)
+        elif a == 1:
+            store_i64(do + 8 * k, b)
+        else:
+            return -1
+    return ro
+
+
+@njit(cache=True)
+def broadcast_plan(da, ra, db, rb, do, ro, plan):
+    """Collapse the broadcast into dims where each input either follows the output or repeats.
+
+    Writes at ``plan`` (int64 words): [0] = number of collapsed dims m, then m triples
+    (extent, stride of A, stride of B) from outermost to innermost, strides in elements (0 = repeat).
+    Adjacent dims merge when both inputs are contiguous across them or repeat across both.
+    """
+    m = 0
+    sa = np.int64(1)
+    sb = np.int64(1)
+    # walk from the innermost dim outwards, building collapsed dims innermost-first at plan+8
+    for k in range(ro - 1, -1, -1):
+        ia = ra - ro + k
+        ib = rb - ro + k
+        ext = load_i64(do + 8 * k)
+        a = load_i64(da + 8 * ia) if ia >= 0 else np.int64(1)
+        b = load_i64(db + 8 * ib) if ib >= 0 else np.int64(1)
+        if ext == 1:
+            continue
+        stride_a = sa if a == ext else np.int64(0)
+        stride_b = sb if b == ext else np.int64(0)
+        if m > 0:
+            base = plan + 8 * (1 + 3 * (m - 1))
+            pe = load_i64(base)
+            psa = load_i64(base + 8)
+            psb = load_i64(base + 16)
+            ok_a = (stride_a == 0 and psa == 0) or (stride_a != 0 and psa != 0 and stride_a == psa * pe)
+            ok_b = (stride_b == 0 and psb == 0) or (stride_b != 0 and psb != 0 and stride_b == psb * pe)
+            if ok_a and ok_b:
+                store_i64(base, pe * ext)
+                if a == ext:
+                    sa *= a
+                if b == ext:
+                    sb *= b
+                continue
+        base = plan + 8 * (1 + 3 * m)
+        store_i64(base, ext)
+        store_i64(base + 8, stride_a)
+        store_i64(base + 16, stride_b)
+        m += 1
+        if a == ext:
+            sa *= a
+        if b == ext:
+            sb *= b
+    # reverse to outermost-first
+    for i in range(m // 2):
+        x = plan + 8 * (1 + 3 * i)
+        y = plan + 8 * (1 + 3 * (m - 1 - i))
+        for w in range(3):
+            t = load_i64(x + 8 * w)
+            store_i64(x + 8 * w, load_i64(y + 8 * w))
+            store_i64(y + 8 * w, t)
+    store_i64(plan, m)
+    return m
+
+
+@njit(cache=True)
+def broadcast_error(api, slot, da, ra, db, rb):
+    buf = stack_bytes(MSG_CAP)
+    n = msg_begin(buf, slot)
+    n = msg_put(buf, MSG_CAP, n, _T_NO_BROADCAST)
+    n = msg_put_dims(buf, MSG_CAP, n, da, ra)
+    n = msg_put(buf, MSG_CAP, n, _T_AND)
+    n = msg_put_dims(buf, MSG_CAP, n, db, rb)
+    n = msg_put(buf, MSG_CAP, n, _T_NO_BROADCAST2)
+    return msg_status(api, abi.ORT_INVALID_ARGUMENT, buf, n)
+
+
+@njit(cache=True)
+def row_offsets(plan, m, row):
+    """Element offsets of A and B at the start of outer row ``row`` (all collapsed dims but the last)."""
+    oa = np.int64(0)
+    ob = np.int64(0)
+    r = row
+    for d in range(m - 2, -1, -1):
+        base = plan + 8 * (1 + 3 * d)
+        ext = load_i64(base)
+        i = r % ext
+        r //= ext
+        oa += i * load_i64(base + 8)
+        ob += i * load_i64(base + 16)
+    return oa, ob
+
+
+# --------------------------------------------------------------------------------------------------
+# FusedAddRelu: relu(A + B), numpy broadcasting
+# --------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def add_relu_span(a, b, o, oa, sa, ob, sb, oo, n):
+    """o[oo:oo+n] = relu(a[oa + i*sa] + b[ob + i*sb]) with strides 0 or 1; NaN propagates, -0 -> 0.
+
+    Loops index slices from 0 (not ``a[oa + i]``): numba then drops its negative-index wraparound
+    and LLVM vectorises the loop, 2-4x faster here.
+    """
+    zero = np.float32(0)
+    out = o[oo:oo + n]
+    if sa == 1 and sb == 1:
+        aa = a[oa:oa + n]
+        bb = b[ob:ob + n]
+        for i in range(n):
+            v = aa[i] + bb[i]
+            out[i] = zero if v <= zero else v  # noqa: FURB136 - max() would turn NaN into 0
+    elif sa == 1:
+        aa = a[oa:oa + n]
+        bv = b[ob]
+        for i in range(n):
+            v = aa[i] + bv
+            out[i] = zero if v <= zero else v  # noqa: FURB136
+    elif sb == 1:
+        bb = b[ob:ob + n]
+        av = a[oa]
+        for i in range(n):
+            v = av + bb[i]
+            out[i] = zero if v <= zero else v  # noqa: FURB136
+    else:
+        v = a[oa] + b[ob]
+        r = zero if v <= zero else v  # noqa: FURB136
+        for i in range(n):
+            out[i] = r
+
+
+@njit(cache=True)
+def add_relu_rows(a, b, o, plan, m, row0, row1):
+    inner = load_i64(plan + 8 * (1 + 3 * (m - 1)))
+    isa = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 8)
+    isb = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 16)
+    for row in range(row0, row1):
+        oa, ob = row_offsets(plan, m, row)
+        add_relu_span(a, b, o, oa, isa, ob, isb, row * inner, inner)
+
+
+# args block of the broadcasting binary family (int64 words)
+BA_SLOT, BA_A, BA_B, BA_O, BA_NA, BA_NB, BA_N, BA_PLAN, BA_M, BA_ROWS, BA_RPB, BA_INNER = range(12)
+BINARY_ARGS_BYTES = 8 * 16
+
+
+def _compute_binary(kernel, ctx):
+    """Compute of two float32 inputs with numpy broadcasting into one output of the broadcast shape;
+    the op's worker does the math on blocks of rows (or of the inner dim when there is one row)."""
+    api = slot_api(kernel)
+    st = check_input_count(api, ctx, kernel, 2)
+    if st != 0:
+        return st
+    dims = stack_bytes(ADD_RELU_SCRATCH)
+    da = dims
+    db = dims + DIMS_BYTES
+    do = dims + 2 * DIMS_BYTES
+    plan = dims + 3 * DIMS_BYTES
+    st, pa, ea, ra = read_input(api, ctx, 0, da)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 0, ea, ra)
+    if st != 0:
+        return st
+    st, pb, eb, rb = read_input(api, ctx, 1, db)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 1, eb, rb)
+    if st != 0:
+        return st
+    ro = broadcast_dims(da, ra, db, rb, do)
+    if ro < 0:
+        return broadcast_error(api, kernel, da, ra, db, rb)
+    st, po = make_output(api, ctx, 0, do, ro)
+    if st != 0:
+        return st
+    n = element_count(do, ro)
+    if n == 0:
+        return 0
+    m = broadcast_plan(da, ra, db, rb, do, ro, plan)
+    if m == 0:  # every dim is 1: one element
+        store_i64(plan, 1)
+        store_i64(plan + 8, 1)
+        store_i64(plan + 16, 0)
+        store_i64(plan + 24, 0)
+        m = 1
+    inner = load_i64(plan + 8 * (1 + 3 * (m - 1)))
+    rows = n // inner
+    if rows == 1:
+        rpb = 0
+        nblocks = (inner + BLOCK - 1) // BLOCK
+    else:
+        rpb = max(1, BLOCK // inner)
+        nblocks = (rows + rpb - 1) // rpb
+    args = stack_bytes(BINARY_ARGS_BYTES)
+    store_i64(args + 8 * BA_SLOT, kernel)
+    store_i64(args + 8 * BA_A, pa)
+    store_i64(args + 8 * BA_B, pb)
+    store_i64(args + 8 * BA_O, po)
+    store_i64(args + 8 * BA_NA, element_count(da, ra))
+    store_i64(args + 8 * BA_NB, element_count(db, rb))
+    store_i64(args + 8 * BA_N, n)
+    store_i64(args + 8 * BA_PLAN, plan)
+    store_i64(args + 8 * BA_M, m)
+    store_i64(args + 8 * BA_ROWS, rows)
+    store_i64(args + 8 * BA_RPB, rpb)
+    store_i64(args + 8 * BA_INNER, inner)
+    return run_blocks(api, ctx, kernel, args, nblocks, n)
+
+
+def _add_relu_worker(args, block):
+    a = _f32_view(load_i64(args + 8 * BA_A), load_i64(args + 8 * BA_NA))
+    b = _f32_view(load_i64(args + 8 * BA_B), load_i64(args + 8 * BA_NB))
+    o = _f32_view(load_i64(args + 8 * BA_O), load_i64(args + 8 * BA_N))
+    plan = load_i64(args + 8 * BA_PLAN)
+    m = load_i64(args + 8 * BA_M)
+    rpb = load_i64(args + 8 * BA_RPB)
+    if rpb == 0:
+        inner = load_i64(args + 8 * BA_INNER)
+        isa = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 8)
+        isb = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 16)
+        s = block * BLOCK
+        e = min(inner, s + BLOCK)
+        add_relu_span(a, b, o, s * isa, isa, s * isb, isb, s, e - s)
+    else:
+        rows = load_i64(args + 8 * BA_ROWS)
+        add_relu_rows(a, b, o, plan, m, block * rpb, min(rows, (block + 1) * rpb))
+
+
+# --------------------------------------------------------------------------------------------------
+# Unary elementwise ops: FusedHardSwish, FusedSiLU
+# --------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def hardswish_span(x, y, s, e, add, lo, hi, div):
+    """y = x * (clip(x + add, lo, hi) / div) in float32; NaN propagates like np.maximum/np.minimum."""
+    xs = x[s:e]
+    ys = y[s:e]
+    for i in range(xs.shape[0]):
+        v = xs[i]
+        t = v + add
+        t = lo if t < lo else t  # noqa: FURB136 - NaN must stay NaN, as np.maximum keeps it
+        t = hi if t > hi else t  # noqa: FURB136
+        ys[i] = v * (t / div)
+
+
+@njit(cache=True)
+def silu_span(x, y, s, e):
+    """y = x * sigmoid(x) = x * (1 / (1 + exp(-x))) in float32."""
+    one = np.float32(1)
+    xs = x[s:e]
+    ys = y[s:e]
+    for i in range(xs.shape[0]):
+        v = xs[i]
+        ys[i] = v * (one / (one + np.exp(-v)))
+
+
+# args block of the unary family (int64 words)
+UA_SLOT, UA_X, UA_Y, UA_N = range(4)
+UNARY_ARGS_BYTES = 8 * 4
+
+
+def _compute_unary(kernel, ctx):
+    """Compute of one float32 input into a same-shape output, in blocks of BLOCK elements."""
+    api = slot_api(kernel)
+    st = check_input_count(api, ctx, kernel, 1)
+    if st != 0:
+        return st
+    dims = stack_bytes(DIMS_BYTES)
+    st, px, ex, rx = read_input(api, ctx, 0, dims)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 0, ex, rx)
+    if st != 0:
+        return st
+    st, py = make_output(api, ctx, 0, dims, rx)
+    if st != 0:
+        return st
+    n = element_count(dims, rx)
+    if n == 0:
+        return 0
+    args = stack_bytes(UNARY_ARGS_BYTES)
+    store_i64(args + 8 * UA_SLOT, kernel)
+    store_i64(args + 8 * UA_X, px)
+    store_i64(args + 8 * UA_Y, py)
+    store_i64(args + 8 * UA_N, n)
+    return run_blocks(api, ctx, kernel, args, (n + BLOCK - 1) // BLOCK, n)
+
+
+@njit(cache=True)
+def unary_block(args, block):
+    """(slot, x, y, start, end) of one block of a unary compute."""
+    n = load_i64(args + 8 * UA_N)
+    x = _f32_view(load_i64(args + 8 * UA_X), n)
+    y = _f32_view(load_i64(args + 8 * UA_Y), n)
+    s = block * BLOCK
+    return load_i64(args + 8 * UA_SLOT), x, y, s, min(n, s + BLOCK)
+
+
+# attribute words of FusedHardSwish
+HS_ADD, HS_LO, HS_HI, HS_DIV = 0, 1, 2, 3
+
+
+def _hardswish_worker(args, block):
+    slot, x, y, s, e = unary_block(args, block)
+    hardswish_span(x, y, s, e, slot_f32(slot, HS_ADD), slot_f32(slot, HS_LO), slot_f32(slot, HS_HI),
+                   slot_f32(slot, HS_DIV))
+
+
+def _silu_worker(args, block):
+    _slot, x, y, s, e = unary_block(args, block)
+    silu_span(x, y, s, e)
+
+
+# --------------------------------------------------------------------------------------------------
+# FusedGemmAct: act(X[..., K] @ W[K, N] + B[N])
+# --------------------------------------------------------------------------------------------------
+
+GEMM_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3
+GEMM_MAX_STEPS = 4
+GA_ACT = 0  # attribute words: [count, code0..code3]
+CODES_BYTES = 8 * GEMM_MAX_STEPS
+
+_T_GEMM_X = cstr("X must have rank >= 1, got a scalar")
+_T_GEMM_W = cstr("W must have shape [K, N] with K = last dim of X; got X ")
+_T_GEMM_B = cstr("B must have shape [N] with N = W's last dim; got W ")
+_T_W = cstr(" and W ")
+_T_B = cstr(" and B ")
+
+SQRT_HALF = 0.7071067811865476
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@njit(cache=True)
+def erf_f64(x):
+    """erf as in reference.erf (Numerical Recipes erfc fit, |error| < 1.2e-7), in float64."""
+    z = abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    r = 1.0 - t * math.exp(poly)
+    if math.isnan(x) or x == 0:
+        return x  # NaN stays NaN; erf(+-0) = +-0 as np.sign gives in the reference
+    return r if x > 0 else -r
+
+
+@njit(cache=True)
+def activation_span(y, s, e, codes, steps):
+    """Apply the activation steps (codes of GEMM_ACTIVATIONS) to y[s:e] in place, as reference.activation."""
+    zero = np.float32(0)
+    half = np.float32(0.5)
+    one = np.float32(1)
+    ys = y[s:e]
+    for k in range(steps):
+        c = codes[k]
+        if c == ACT_RELU:
+            for i in range(ys.shape[0]):
+                v = ys[i]
+                ys[i] = zero if v <= zero else v  # noqa: FURB136 - max() would turn NaN into 0
+        elif c == ACT_GELU:
+            for i in range(ys.shape[0]):
+                v = ys[i]
+                ev = np.float32(erf_f64(np.float64(v / np.float32(math.sqrt(2.0)))))
+                ys[i] = half * v * (one + ev)
+        elif c == ACT_GELU_TANH:
+            for i in range(ys.shape[0]):
+                v = ys[i]
+                inner = np.float32(SQRT_2_OVER_PI) * (v + np.float32(0.044715) * v * v * v)
+                ys[i] = half * v * (one + np.tanh(inner))
+        elif c == ACT_SILU:
+            for i in range(ys.shape[0]):
+                v = ys[i]
+                ys[i] = v * (one / (one + np.exp(-v)))
+
+
+GEMM_NB = 512   # output columns per block
+GEMM_KB = 256   # depth per block
+
+
+@njit(cache=True)
+def gemm_rows(x, w, b, y, m0, m1, k, n, codes, steps):
+    """y[m0:m1, :] = act(x[m0:m1, :] @ w + b), row-major flat arrays, blocked over N and K."""
+    for j0 in range(0, n, GEMM_NB):
+        j1 = min(n, j0 + GEMM_NB)
+        width = j1 - j0
+        bb = b[j0:j1]
+        for i in range(m0, m1):
+            yr = y[i * n + j0:i * n + j1]
+            for j in range(width):
+                yr[j] = bb[j]
+        for p0 in range(0, k, GEMM_KB):
+            p1 = min(k, p0 + GEMM_KB)
+            for i in range(m0, m1):
+                yr = y[i * n + j0:i * n + j1]
+                xr = x[i * k:(i + 1) * k]
+                for p in range(p0, p1):
+                    xv = xr[p]
+                    wr = w[p * n + j0:p * n + j1]
+                    for j in range(width):
+                        yr[j] += xv * wr[j]
+    for i in range(m0, m1):
+        activation_span(y, i * n, (i + 1) * n, codes, steps)
+
+
+# args block of FusedGemmAct (int64 words)
+GA_SLOT, GA_X, GA_W, GA_B, GA_Y, GA_M, GA_K, GA_N, GA_RPB, GA_CODES, GA_STEPS = range(11)
+GEMM_ARGS_BYTES = 8 * 12
+GEMM_BLOCKS = 16  # row blocks per call (enough to balance a few threads)
+
+
+def _gemm_worker(args, block):
+    m = load_i64(args + 8 * GA_M)
+    k = load_i64(args + 8 * GA_K)
+    n = load_i64(args + 8 * GA_N)
+    rpb = load_i64(args + 8 * GA_RPB)
+    x = _f32_view(load_i64(args + 8 * GA_X), m * k)
+    w = _f32_view(load_i64(args + 8 * GA_W), k * n)
+    b = _f32_view(load_i64(args + 8 * GA_B), n)
+    y = _f32_view(load_i64(args + 8 * GA_Y), m * n)
+    codes = carray(int_to_voidptr(load_i64(args + 8 * GA_CODES)), (GEMM_MAX_STEPS,), np.int64)
+    gemm_rows(x, w, b, y, block * rpb, min(m, (block + 1) * rpb), k, n, codes, load_i64(args + 8 * GA_STEPS))
+
+
+@njit(cache=True)
+def _gemm_shape_error(api, kernel, text, da, ra, other_text, db, rb):
+    buf = stack_bytes(MSG_CAP)
+    n = msg_begin(buf, kernel)
+    n = msg_put(buf, MSG_CAP, n, text)
+    n = msg_put_dims(buf, MSG_CAP, n, da, ra)
+    n = msg_put(buf, MSG_CAP, n, other_text)
+    n = msg_put_dims(buf, MSG_CAP, n, db, rb)
+    return msg_status(api, abi.ORT_INVALID_ARGUMENT, buf, n)
+
+
+def _compute_gemm_act(kernel, ctx):
+    api = slot_api(kernel)
+    st = check_input_count(api, ctx, kernel, 3)
+    if st != 0:
+        return st
+    dims = stack_bytes(GEMM_SCRATCH)
+    dx = dims
+    dw = dims + 8 * MAX_RANK
+    dbb = dims + 16 * MAX_RANK
+    dy = dims + 24 * MAX_RANK
+    st, px, ex, rx = read_input(api, ctx, 0, dx)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 0, ex, rx)
+    if st != 0:
+        return st
+    st, pw, ew, rw = read_input(api, ctx, 1, dw)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 1, ew, rw)
+    if st != 0:
+        return st
+    st, pb, eb, rb = read_input(api, ctx, 2, dbb)
+    if st != 0:
+        return st
+    st = check_float_input(api, kernel, 2, eb, rb)
+    if st != 0:
+        return st
+    if rx < 1:
+        return fail(api, kernel, _T_GEMM_X)
+    k = load_i64(dx + 8 * (rx - 1))
+    if rw != 2 or load_i64(dw) != k:
+        return _gemm_shape_error(api, kernel, _T_GEMM_W, dx, rx, _T_W, dw, rw)
+    n = load_i64(dw + 8)
+    if rb != 1 or load_i64(dbb) != n:
+        return _gemm_shape_error(api, kernel, _T_GEMM_B, dw, rw, _T_B, dbb, rb)
+    for i in range(rx - 1):
+        store_i64(dy + 8 * i, load_i64(dx + 8 * i))
+    store_i64(dy + 8 * (rx - 1), n)
+    st, py = make_output(api, ctx, 0, dy, rx)
+    if st != 0:
+        return st
+    m = element_count(dx, rx - 1)
+    if m * n == 0:
+        return 0
+    codes = stack_bytes(CODES_BYTES)
+    steps = slot_i64(kernel, GA_ACT)
+    for s in range(steps):
+        store_i64(codes + 8 * s, slot_i64(kernel, GA_ACT + 1 + s))
+    rpb = max(1, (m + GEMM_BLOCKS - 1) // GEMM_BLOCKS)
+    args = stack_bytes(GEMM_ARGS_BYTES)
+    store_i64(args + 8 * GA_SLOT, kernel)
+    store_i64(args + 8 * GA_X, px)
+    store_i64(args + 8 * GA_W, pw)
+    store_i64(args + 8 * GA_B, pb)
+    store_i64(args + 8 * GA_Y, py)
+    store_i64(args + 8 * GA_M, m)
+    store_i64(args + 8 * GA_K, k)
+    store_i64(args + 8 * GA_N, n)
+    store_i64(args + 8 * GA_RPB, rpb)
+    store_i64(args + 8 * GA_CODES, codes)
+    store_i64(args + 8 * GA_STEPS, steps)
+    # work in "elementwise-equivalent" units: a multiply-add costs about 1/16 of a fused op element
+    return run_blocks(api, ctx, kernel, args, (m + rpb - 1) // rpb, m * n * max(k, 1) // 16)
+
+
+# --------------------------------------------------------------------------------------------------
+# OrtfuseAbiProbe: a test op that reports what the ABI sees (tests/test_native_abi.py)
+# --------------------------------------------------------------------------------------------------
+
+PROBE_OUT = 40
+PROBE_CHOICES = ("alpha", "beta", "gamma")
+PR_F, PR_I, PR_S, PR_FO, PR_IO, PR_MODE = 0, 1, 2, 6, 7, 8   # attribute words (s takes 1 + 3)
+_T_PROBE_FAIL = cstr("failure requested by attribute mode=1")
+_T_PROBE_MSG = cstr("probe message")
+
+
+def _compute_probe(kernel, ctx):
+    """Output float64[40]: [0] input count, [1] output count, [2] X element type, [3] X rank,
+    [4:12] X dims, [12] Y element type, [13] Y rank, [14:22] Y dims, [22] f, [23] i, [24] steps of s,
+    [25:28] codes of s, [28] fo, [29] io, [30] error code and [31] message length read back from a
+    status made with CreateStatus, [32] its first byte, [33] element count and [34] element type of a
+    tensor made with CreateTensorAsOrtValue, [35] sum of X if float32, [36] mode."""
+    api = slot_api(kernel)
+    if slot_i64(kernel, PR_MODE) == 1:
+        return fail(api, kernel, _T_PROBE_FAIL)
+    tmp = stack_bytes(64)
+    dims = stack_bytes(DIMS_BYTES)
+    out_dims = stack_bytes(8)
+    store_i64(out_dims, PROBE_OUT)
+    st, po = make_output(api, ctx, 0, out_dims, 1)
+    if st != 0:
+        return st
+    o = carray(int_to_voidptr(po), (PROBE_OUT,), np.float64)
+    for i in range(PROBE_OUT):
+        o[i] = -1.0
+    st = abi.context_input_count(api, ctx, tmp)
+    if st != 0:
+        return st
+    o[0] = load_i64(tmp)
+    st = abi.context_output_count(api, ctx, tmp)
+    if st != 0:
+        return st
+    o[1] = load_i64(tmp)
+    sum_x = -1.0
+    for inp in range(2):
+        st, pd, et, rank = read_input(api, ctx, inp, dims)
+        if st != 0:
+            return st
+        base = 2 + 10 * inp
+        o[base] = et
+        o[base + 1] = rank
+        for d in range(min(rank, 8)):
+            o[base + 2 + d] = load_i64(dims + 8 * d)
+        if inp == 0 and et == abi.ONNX_TYPE_FLOAT and rank <= MAX_RANK:
+            cnt = element_count(dims, rank)
+            xs = _f32_view(pd, cnt)
+            sum_x = 0.0
+            for i in range(cnt):
+                sum_x += xs[i]
+    o[22] = slot_f32(kernel, PR_F)
+    o[23] = slot_i64(kernel, PR_I)
+    steps = slot_i64(kernel, PR_S)
+    o[24] = steps
+    for s in range(3):
+        o[25 + s] = slot_i64(kernel, PR_S + 1 + s) if s < steps else -1
+    o[28] = slot_f32(kernel, PR_FO)
+    o[29] = slot_i64(kernel, PR_IO)
+    # CreateStatus -> GetErrorCode / GetErrorMessage -> ReleaseStatus
+    buf = stack_bytes(64)
+    n = msg_put(buf, 64, 0, _T_PROBE_MSG)
+    status = msg_status(api, abi.ORT_NOT_IMPLEMENTED, buf, n)
+    o[30] = abi.get_error_code(api, status)
+    msg = abi.get_error_message(api, status)
+    length = 0
+    while abi.load_u8(msg + length) != 0 and length < 1000:
+        length += 1
+    o[31] = length
+    o[32] = abi.load_u8(msg)
+    abi.release_status(api, status)
+    # GetAllocatorWithDefaultOptions -> CreateTensorAsOrtValue -> GetTensorMutableData ->
+    # GetTensorTypeAndShape -> GetTensorShapeElementCount / GetTensorElementType -> ReleaseValue
+    st = abi.get_allocator_with_default_options(api, tmp)
+    if st != 0:
+        return st
+    alloc = load_i64(tmp)
+    tdims = stack_bytes(24)
+    store_i64(tdims, 2)
+    store_i64(tdims + 8, 3)
+    store_i64(tdims + 16, 4)
+    st = abi.create_tensor_as_ort_value(api, alloc, tdims, 3, abi.ONNX_TYPE_FLOAT, tmp)
+    if st != 0:
+        return st
+    value = load_i64(tmp)
+    st = abi.get_tensor_mutable_data(api, value, tmp + 8)
+    if st == 0:
+        t = _f32_view(load_i64(tmp + 8), 24)
+        for i in range(24):
+            t[i] = i
+    if st == 0:
+        st = abi.get_tensor_type_and_shape(api, value, tmp + 16)
+    if st == 0:
+        info = load_i64(tmp + 16)
+        store_i64(tmp + 24, 0)
+        st = abi.get_tensor_shape_element_count(api, info, tmp + 24)
+        o[33] = load_i64(tmp + 24)
+        store_i64(tmp + 32, 0)
+        if st == 0:
+            st = abi.get_tensor_element_type(api, info, tmp + 32)
+            o[34] = abi.load_i32(tmp + 32)
+        abi.release_tensor_type_and_shape_info(api, info)
+    abi.release_value(api, value)
+    if st != 0:
+        return st
+    o[35] = sum_x
+    o[36] = slot_i64(kernel, PR_MODE)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------
+
+
+def _f(name, slot, **kw):
+    return AttrDef(name, "float", slot, **kw)
+
+
+NATIVE_OPS: dict[str, NativeOpDef] = {
+    op.name: op
+    for op in (
+        NativeOpDef("FusedAddRelu", ("A", "B"), _compute_binary, _add_relu_worker),
+        NativeOpDef("FusedHardSwish", ("X",), _compute_unary, _hardswish_worker,
+                    attrs=(_f("add", HS_ADD), _f("lo", HS_LO), _f("hi", HS_HI), _f("div", HS_DIV))),
+        NativeOpDef("FusedSiLU", ("X",), _compute_unary, _silu_worker),
+        NativeOpDef("FusedGemmAct", ("X", "W", "B"), _compute_gemm_act, _gemm_worker,
+                    attrs=(AttrDef("activation", "choice", GA_ACT, required=False, choices=GEMM_ACTIVATIONS,
+                                   max_steps=GEMM_MAX_STEPS),)),
+        NativeOpDef("OrtfuseAbiProbe", ("X", "Y"), _compute_probe,
+                    input_type=abi.ONNX_TYPE_UNDEFINED, output_type=abi.ONNX_TYPE_DOUBLE,
+                    attrs=(_f("f", PR_F), AttrDef("i", "int", PR_I),
+                           AttrDef("s", "choice", PR_S, required=False, choices=PROBE_CHOICES, max_steps=3),
+                           _f("fo", PR_FO, required=False, default=2.5),
+                           AttrDef("io", "int", PR_IO, required=False, default=-7),
+                           AttrDef("mode", "int", PR_MODE, required=False, default=0))),
+    )
+}
+
+PROBE_OP = "OrtfuseAbiProbe"
+"""A test-only op type (not a fused op): it reports what the ABI sees, see ``_compute_probe``."""

@@ -1,0 +1,859 @@
+"""``ortfuse bench``: stock onnxruntime against ortfuse, measured so that the ratios mean something.
+
+    ortfuse bench                                   # resnet50 (zoo default) at batch 1
+    ortfuse bench mlp_gemm_relu_gelu --batch 1,64
+    ortfuse bench model.onnx --runs 100 --repeats 5 --json out.json --plot out.png
+
+All configurations run in one process, each as its own session on the same model and inputs:
+
+    ort_disable_all    stock onnxruntime.InferenceSession, ORT_DISABLE_ALL (numeric reference)
+    ort_enable_all     stock onnxruntime.InferenceSession, ORT_ENABLE_ALL (baseline of every ratio)
+    ortfuse_auto       ortfuse.InferenceSession(fusion="auto"), ORT_ENABLE_ALL
+    ortfuse_numba      ortfuse.InferenceSession(fusion=True), ORT_ENABLE_ALL
+    ort_enable_all_b   a second, independent stock ORT_ENABLE_ALL session: the A/A control
+
+Timing follows DESIGN.md §6b (see ``ortfuse.bench_measure``): single runs interleaved A..E E..A,
+warm-up first, the whole comparison repeated (default 5), a median per configuration per repeat, and
+each ratio the median over repeats of p50(config) / p50(ort_enable_all), printed beside the A/A
+control ratio of the same run. ORT's idle worker threads spin and take a core from whichever session
+runs next, so by default every session is created with spinning off (the choice and the measurements
+behind it are in ``SPINNING_EVIDENCE``); ``--spinning on`` and ``--gap-ms`` change that, for all
+sessions alike. Peak memory is measured per configuration in a child process
+(``ortfuse.bench_memory``), where it can be attributed to one session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ortfuse import bench_measure
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    runtime: str  # "onnxruntime" (stock) or "ortfuse"
+    level: str  # name of an onnxruntime.GraphOptimizationLevel
+    fusion: object  # ortfuse's fusion= argument; None for stock sessions
+    description: str
+
+    @property
+    def stock(self) -> bool:
+        return self.runtime == "onnxruntime"
+
+
+REFERENCE = "ort_disable_all"  # numeric reference for max |diff|
+BASELINE = "ort_enable_all"  # denominator of every ratio
+CONTROL = "ort_enable_all_b"  # A/A control: identical to BASELINE, measured the same way
+
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config(REFERENCE, "onnxruntime", "ORT_DISABLE_ALL", None, "stock onnxruntime, graph optimizations off"),
+        Config(BASELINE, "onnxruntime", "ORT_ENABLE_ALL", None, "stock onnxruntime, all graph optimizations"),
+        Config("ortfuse_auto", "ortfuse", "ORT_ENABLE_ALL", "auto", 'ortfuse fusion="auto"'),
+        # Later: numba kernels forced for every fused op; for now the same as fusion=True.
+        Config("ortfuse_numba", "ortfuse", "ORT_ENABLE_ALL", True, "ortfuse fusion=True"),
+        Config(CONTROL, "onnxruntime", "ORT_ENABLE_ALL", None, "A/A control: second stock ORT_ENABLE_ALL session"),
+    )
+}
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
+
+# Defaults of the timing protocol.
+DEFAULT_REPEATS = 5
+DEFAULT_WARMUP = 2  # untimed interleaved passes at the start of every repeat
+DEFAULT_BUDGET_S = 45.0  # with --runs unset: timed passes per (model, batch) take about this long
+MIN_AUTO_RUNS, MAX_AUTO_RUNS = 20, 1000
+DEFAULT_SPINNING = False
+DEFAULT_GAP_MS = 0.0
+MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
+
+# Why spinning is off and the rounds rotate (measured 2026-12-02 on this project's shared 2-core VM,
+# Intel Xeon with AVX-512, while other sessions' test runs kept the load average at 3-10). Five stock
+# sessions in the bench's slots: ORT_DISABLE_ALL + ort_enable_all + two identical copies + the control
+# ort_enable_all_b in the last slot, 5 repeats. "A/A" is the worst |ratio - 1| of the three copies,
+# median over 3 cycles in which the variants alternated (so load changes hit them alike).
+SPINNING_EVIDENCE = """\
+variant (all sessions alike)        resnet50 b=1 (30 runs)        mlp b=1 (200 runs)          mlp b=64 (100 runs)
+spinning on, plain rounds           A/A 10.7%, p50 128 ms, 102 s  A/A 1.4% (max 6.4%), 52 s   A/A 12.1%, p50 33 ms, 90 s
+spinning on, rotated rounds         A/A  2.4-6.0%, p50 136-188 ms A/A 2.1%, 40 s              A/A 1.4% (max 10.5%), 72 s
+spinning off, plain rounds          A/A  2.1%, p50 30-100 ms      A/A 8.4% (control slot)     A/A 6.9%, p50 8 ms, 19 s
+spinning off, rotated rounds        A/A  0.3%, p50 31-102 ms, 38 s A/A 1.8%, 5 s              A/A 4.7%, p50 7 ms, 19 s
+spinning on + 75 ms idle gap        A/A  1.1%, p50 29 ms, 99 s    A/A 4.9%, 202 s             -
+spinning off + 5-10 ms idle gap     A/A  1.1%, p50 60 ms, 63 s    A/A 2.0%, 17 s              -
+With spinning on, the four idle sessions' pool threads spin for tens of ms after each of their runs and
+take the cores from the session being timed: identical sessions in the middle slots became 4x slower
+than spinning-off ones (resnet50 p50 128 ms vs 30 ms) and the session in the last slot, which runs
+twice in a row once per round, came out 10-17% faster than its identical twin. With spinning off that
+bias moved to the last slot being 4-9% slower on a sub-ms model; rotating each round by one slot
+(every configuration in every slot equally often) removed it. An idle gap also calms the threads but
+triples the wall time (75 ms x 5 configs per pass) and measures colder, isolated requests."""
+
+
+def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0):
+    """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider."""
+    import onnxruntime as ort
+
+    cfg = CONFIGS[config] if isinstance(config, str) else config
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, cfg.level)
+    so.log_severity_level = 3  # errors only: ORT's warnings would break the table
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    providers = ["CPUExecutionProvider"]
+    if cfg.stock:
+        return ort.InferenceSession(model, so, providers=providers)
+    import ortfuse
+
+    return ortfuse.InferenceSession(model, so, providers=providers, fusion=cfg.fusion)
+
+
+# --------------------------------------------------------------------------- models and inputs
+
+
+@dataclass
+class ModelSource:
+    label: str  # zoo name or file name as given
+    path: str
+    zoo: str | None  # zoo name when resolved through ortfuse.models
+    description: str = ""
+
+
+class BenchError(Exception):
+    """A usage problem (unknown model, bad option); the CLI prints it and exits with 2."""
+
+
+def _zoo():
+    try:
+        from ortfuse import models
+    except ImportError:
+        return None
+    return models
+
+
+def resolve_model(arg: str) -> ModelSource:
+    """A path to an .onnx file, or a zoo name built through ``ortfuse.models.build``."""
+    if os.path.isfile(arg):
+        return ModelSource(arg, os.path.abspath(arg), None, "")
+    zoo = _zoo()
+    if zoo is not None and arg in zoo.NAMES:
+        return ModelSource(arg, str(zoo.build(arg)), arg, zoo.describe(arg))
+    if arg.lower().endswith(".onnx"):
+        raise BenchError(f"model file not found: {arg}")
+    known = ", ".join(zoo.NAMES) if zoo is not None else "(the model zoo ortfuse.models is not installed)"
+    raise BenchError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {known}")
+
+
+def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
+    """(name, onnx elem type, dims) of the graph inputs that are not initializers; dims are int or str/None."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise BenchError(f"input {vi.name!r} of {path} is not a tensor; the bench feeds tensors only")
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            raise BenchError(f"input {vi.name!r} of {path} has no declared shape; cannot make sample inputs")
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
+        out.append((vi.name, tt.elem_type, dims))
+    return out
+
+
+def file_batch(path: str, batch: int) -> int:
+    """The batch a file model actually runs at: ``batch`` unless its first input's first dim is fixed."""
+    decl = _declared_inputs(path)
+    if decl and decl[0][2] and isinstance(decl[0][2][0], int):
+        return decl[0][2][0]
+    return batch
+
+
+def inputs_from_declared(path: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs from the model's declared shapes and dtypes.
+
+    Dynamic dims: ``batch`` for the first dim, 128 for any other. Floats are standard normal,
+    integers uniform in [0, 8) (small enough to be valid indices of most embeddings), bools fair coins.
+    """
+    import onnx
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, elem, dims in _declared_inputs(path):
+        shape = [d if isinstance(d, int) else (batch if i == 0 else 128) for i, d in enumerate(dims)]
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[name] = rng.integers(0, 8, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[name] = rng.random(shape) < 0.5
+        else:
+            raise BenchError(f"input {name!r} has dtype {dtype}, for which the bench cannot make sample data")
+    return feeds
+
+
+def make_inputs(src: ModelSource, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    if src.zoo is not None:
+        return _zoo().sample_inputs(src.zoo, batch=batch, seed=seed)
+    return inputs_from_declared(src.path, batch, seed)
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def max_abs_diff(outputs, reference) -> float:
+    """Largest |a - b| over all outputs (float64); NaN where both are NaN counts as equal, inf for a
+    shape mismatch or a NaN on one side only."""
+    worst = 0.0
+    if len(outputs) != len(reference):
+        return float("inf")
+    for a, b in zip(outputs, reference):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return float("inf")
+        if a.dtype.kind not in "biufc" or b.dtype.kind not in "biufc":
+            if not np.array_equal(a, b):
+                return float("inf")
+            continue
+        if a.size == 0:
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        equal = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+        with np.errstate(invalid="ignore"):
+            d = np.where(equal, 0.0, np.abs(a64 - b64))
+        d[np.isnan(d)] = np.inf
+        worst = max(worst, float(d.max()))
+    return worst
+
+
+def summarize(raw: dict[str, list[list[float]]], batch: int, baseline: str = BASELINE, control: str | None = CONTROL) -> dict:
+    """Per-configuration statistics and ratios, computed only from the raw latencies (ms)."""
+    out: dict[str, dict] = {}
+    base = raw.get(baseline)
+    ctrl_rr = bench_measure.ratio_per_repeat(raw[control], base) if (control in raw and base) else None
+    for name, reps in raw.items():
+        pooled = [x for rep in reps for x in rep]
+        p50s = bench_measure.p50_per_repeat(reps)
+        p50 = statistics.median(p50s)
+        row = {
+            "p50_ms": p50,
+            "p50_ms_per_repeat": p50s,
+            "p99_ms": bench_measure.percentile(pooled, 99),
+            "min_ms": min(pooled),
+            "mean_ms": statistics.fmean(pooled),
+            "throughput_per_s": batch / (p50 / 1e3),
+            "n": len(pooled),
+        }
+        if base is not None:
+            rr = bench_measure.ratio_per_repeat(reps, base)
+            row["ratio_per_repeat"] = rr
+            row["ratio"] = statistics.median(rr)
+            row["verdict"] = _verdict(rr, ctrl_rr) if name not in (baseline, control) else ""
+        out[name] = row
+    return out
+
+
+def _verdict(rr: list[float], ctrl: list[float] | None) -> str:
+    """"faster"/"slower" only when every repeat's ratio lies beyond every repeat of the A/A control."""
+    if not ctrl:
+        return "?"
+    if max(rr) < min(ctrl) and statistics.median(rr) < 1:
+        return "faster"
+    if min(rr) > max(ctrl) and statistics.median(rr) > 1:
+        return "slower"
+    return "~ noise"
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment() -> dict:
+    import psutil
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    import ortfuse
+
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu_model": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "usable_cores": usable,
+        "memory_total_mb": psutil.virtual_memory().total / 2**20,
+        "load_average_1_5_15": load,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            "ortfuse": ortfuse.__version__,
+            "onnxruntime": _version("onnxruntime"),
+            "onnx": _version("onnx"),
+            "numba": _version("numba"),
+            "numpy": _version("numpy"),
+            "onnxruntime-extensions": _version("onnxruntime-extensions"),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s) -> dict:
+    letters = "".join(chr(ord("A") + i) for i in range(len(configs)))
+    return {
+        "configs": list(configs),
+        "baseline": BASELINE,
+        "control": CONTROL if CONTROL in configs else None,
+        "reference": REFERENCE,
+        "order": (
+            f"single runs interleaved, rounds {letters} {letters[::-1]}"
+            + (f", each round rotated one config on ({letters[1:] + letters[:1]} {(letters[1:] + letters[:1])[::-1]}, ...)" if len(letters) > 2 else "")
+        ),
+        "rotate": len(configs) > 2,
+        "runs": runs if runs else "auto",
+        "auto_runs_budget_s": None if runs else budget_s,
+        "repeats": repeats,
+        "warmup_passes_per_repeat": warmup,
+        "ratio": f"median over repeats of p50(config) / p50({BASELINE}) of the same repeat",
+        "p50": "median over repeats of each repeat's median latency",
+        "p99": "99th percentile of all timed runs of all repeats",
+        "spinning": bool(spinning),
+        "gap_ms": gap_ms,
+        "intra_op_num_threads": threads or "ORT default",
+        "memory": memory,
+        "gc": "Python garbage collection paused while timing",
+    }
+
+
+def bench(
+    models: list[str] | None = None,
+    *,
+    batches: tuple[int, ...] | list[int] = (1,),
+    runs: int | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    configs: tuple[str, ...] | list[str] = DEFAULT_CONFIGS,
+    spinning: bool = DEFAULT_SPINNING,
+    gap_ms: float = DEFAULT_GAP_MS,
+    threads: int = 0,
+    memory: str = "subprocess",
+    seed: int = 0,
+    budget_s: float = DEFAULT_BUDGET_S,
+    progress: bool | None = None,
+    on_start=None,
+    on_result=None,
+) -> dict:
+    """Run the comparison for every model and batch; return everything as a JSON-able dict.
+
+    ``runs=None`` picks the number of timed passes per (model, batch) from a short calibration so
+    that timing takes about ``budget_s`` seconds (between 20 and 1000 passes). ``memory`` is
+    "subprocess" (peak RSS growth of each configuration alone in a child process), "inprocess"
+    (RSS growth over session creation and its first run in this process: cheap, rougher) or "off".
+    ``on_start(doc)`` is called once the environment and protocol are known (before any session),
+    ``on_result(result)`` after each (model, batch): the CLI prints as the bench goes.
+    """
+    configs = _check_configs(configs)
+    if memory not in ("subprocess", "inprocess", "off"):
+        raise BenchError(f"memory must be subprocess, inprocess or off, got {memory!r}")
+    if repeats < 1 or warmup < 0 or (runs is not None and runs < 1):
+        raise BenchError("--runs and --repeats must be >= 1 and --warmup >= 0")
+    if not batches or any(int(b) < 1 for b in batches):
+        raise BenchError(f"batches must be positive integers, got {batches!r}")
+    zoo = _zoo()
+    if not models:
+        if zoo is None:
+            raise BenchError("no model given and the model zoo (ortfuse.models) is not installed")
+        models = [zoo.DEFAULT]
+    sources = [resolve_model(m) for m in models]  # fail early on a bad name
+    started = time.perf_counter()
+    doc = {
+        "schema": "ortfuse.bench/1",
+        "environment": environment(),
+        "protocol": _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s),
+        "results": [],
+    }
+    if on_start:
+        on_start(doc)
+    with tempfile.TemporaryDirectory(prefix="ortfuse-bench-") as tmp:
+        for src in sources:
+            for result in _bench_model(
+                src, batches, configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, seed, budget_s, progress, tmp
+            ):
+                doc["results"].append(result)
+                if on_result:
+                    on_result(result)
+    doc["wall_s"] = time.perf_counter() - started
+    return doc
+
+
+def _check_configs(configs) -> list[str]:
+    names = [c.strip() for c in configs if c and c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    if len(set(names)) != len(names):
+        raise BenchError(f"configurations listed twice: {names}")
+    if BASELINE not in names:  # every ratio is against it
+        names.insert(0, BASELINE)
+    return names
+
+
+def _create_all(src: ModelSource, configs, spinning, threads) -> tuple[dict, dict]:
+    import psutil
+
+    proc = psutil.Process()
+    # One untimed stock session first, so that ORT's once-per-process costs (environment, kernel
+    # registries, first allocations) are not charged to whichever configuration comes first.
+    # Creation in a cold process is measured by the memory child (memory.create_s).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_session(BASELINE, src.path, spinning=spinning, threads=threads)
+    sessions, info = {}, {}
+    for name in configs:
+        rss0 = proc.memory_info().rss
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            sess = make_session(name, src.path, spinning=spinning, threads=threads)
+            create_s = time.perf_counter() - t0
+        rss1 = proc.memory_info().rss
+        report = getattr(sess, "fusion_report", None)
+        info[name] = {
+            "description": CONFIGS[name].description,
+            "create_s": create_s,
+            "rss_create_mb": (rss1 - rss0) / 2**20,
+            "fused_ops": report.counts() if report is not None else None,
+            "fusion_applied": report.applied if report is not None else None,
+            "fusion_reason": report.reason if report is not None else None,
+            "warnings": [str(w.message) for w in caught],
+        }
+        sessions[name] = sess
+    return sessions, info
+
+
+def _bench_model(src, batches, configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, seed, budget_s, progress, tmp):
+    import psutil
+
+    sessions, info = _create_all(src, configs, spinning, threads)
+    ref_sess = sessions.get(REFERENCE) or make_session(REFERENCE, src.path, spinning=spinning, threads=threads)
+    seen = set()
+    first_batch = True
+    for asked in batches:
+        batch = int(asked) if src.zoo is not None else file_batch(src.path, int(asked))
+        notes = []
+        if batch != int(asked):
+            notes.append(f"{src.label} has a fixed batch dimension {batch}; --batch {asked} does not apply")
+        if batch in seen:
+            continue
+        seen.add(batch)
+        feeds = make_inputs(src, batch, seed)
+        reference = ref_sess.run(None, feeds)
+        cfg_rows = {}
+        proc = psutil.Process()
+        for name in configs:
+            rss0 = proc.memory_info().rss
+            outs = sessions[name].run(None, feeds)
+            row = dict(info[name])
+            row["max_abs_diff"] = max_abs_diff(outs, reference)
+            row["rss_first_run_mb"] = (proc.memory_info().rss - rss0) / 2**20
+            cfg_rows[name] = row
+        for name in configs:  # creation is charged to the first batch; later ones add their first run
+            created = info[name]["rss_create_mb"] if first_batch else 0.0
+            cfg_rows[name]["rss_inprocess_mb"] = created + cfg_rows[name]["rss_first_run_mb"]
+        first_batch = False
+        if memory == "subprocess":
+            npz = os.path.join(tmp, f"inputs_{len(seen)}.npz")
+            np.savez(npz, **feeds)
+            for name in configs:
+                spec = {"config": name, "model": src.path, "inputs": npz, "spinning": spinning, "threads": threads, "runs": MEMORY_RUNS}
+                from ortfuse.bench_memory import measure_in_subprocess
+
+                cfg_rows[name]["memory"] = measure_in_subprocess(spec, os.path.join(tmp, "memory_spec.json"))
+        runners = {name: _runner(sessions[name], feeds) for name in configs}
+        gap_s = gap_ms / 1e3
+        chosen_runs, calibration = runs, None
+        if chosen_runs is None:
+            t0 = time.perf_counter()
+            bench_measure.measure(runners, runs=3, repeats=1, warmup=1, gap_s=gap_s)
+            pass_s = (time.perf_counter() - t0) / 4
+            chosen_runs = int(min(MAX_AUTO_RUNS, max(MIN_AUTO_RUNS, round(budget_s / (repeats * pass_s)))))
+            whole = 2 * len(configs)  # whole rotations: every config in every position equally often
+            chosen_runs = -(-chosen_runs // whole) * whole
+            calibration = {"pass_s": pass_s, "runs": chosen_runs}
+        bar = _progress_bar(repeats * (warmup + chosen_runs), f"{src.label} batch {batch}", progress)
+        t0 = time.perf_counter()
+        try:
+            raw = bench_measure.measure(
+                runners, runs=chosen_runs, repeats=repeats, warmup=warmup, gap_s=gap_s, on_pass=bar.update if bar else None
+            )
+        finally:
+            if bar:
+                bar.close()
+        timing_s = time.perf_counter() - t0
+        stats = summarize(raw, batch, BASELINE, CONTROL if CONTROL in configs else None)
+        for name in configs:
+            cfg_rows[name].update(stats[name])
+            cfg_rows[name]["latencies_ms"] = raw[name]
+        control = None
+        if CONTROL in configs:
+            control = {
+                "config": CONTROL,
+                "ratio": stats[CONTROL]["ratio"],
+                "ratio_per_repeat": stats[CONTROL]["ratio_per_repeat"],
+            }
+        yield {
+            "model": src.label,
+            "zoo": src.zoo,
+            "path": src.path,
+            "description": src.description,
+            "batch": batch,
+            "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
+            "runs": chosen_runs,
+            "repeats": repeats,
+            "warmup": warmup,
+            "calibration": calibration,
+            "timing_s": timing_s,
+            "load_average_after": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "order": list(configs),
+            "configs": cfg_rows,
+            "control": control,
+            "notes": notes,
+        }
+
+
+def _runner(sess, feeds):
+    run = sess.run
+
+    def call():
+        return run(None, feeds)
+
+    return call
+
+
+def _progress_bar(total: int, desc: str, progress: bool | None):
+    if progress is False:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # progress=None: tqdm decides (shown on a terminal, hidden when stderr is a file or pipe)
+    return tqdm(total=total, desc=desc, unit="pass", file=sys.stderr, leave=False, disable=None if progress is None else False)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def header(doc: dict) -> str:
+    """First line: machine and protocol; then threads/memory and versions."""
+    env, prot = doc["environment"], doc["protocol"]
+    load = env.get("load_average_1_5_15")
+    machine = (
+        f"{env['cpu_model']}, {env['logical_cores']} logical cores ({env['physical_cores']} physical, "
+        f"{env['usable_cores']} usable), {platform.system()} {platform.machine()}"
+        + (f", load {load[0]:.2f}" if load else "")
+    )
+    runs = f"{prot['runs']} timed" if prot["runs"] != "auto" else f"auto (~{prot['auto_runs_budget_s']:.0f} s) timed"
+    line1 = (
+        f"ortfuse bench | machine: {machine} | protocol: {prot['order']}; "
+        f"{prot['warmup_passes_per_repeat']} warm-up + {runs} passes per repeat, {prot['repeats']} repeats; "
+        f"ratio = median over repeats of p50(config)/p50({BASELINE})"
+        + (f", A/A control = {prot['control']}" if prot["control"] else "")
+    )
+    spin = (
+        "ORT spinning off on every session (session.intra_op/inter_op.allow_spinning=0)"
+        if not prot["spinning"]
+        else "ORT spinning on (default) on every session"
+    )
+    gap = f"idle gap {prot['gap_ms']:g} ms before every run" if prot["gap_ms"] else "no idle gap"
+    mem = {
+        "subprocess": "peak MB = RSS high-water mark growth over session creation + 3 runs, each config alone in a child process",
+        "inprocess": "peak MB = RSS growth over session creation + first run in the bench process (rough)",
+        "off": "memory not measured",
+    }[prot["memory"]]
+    v = env["versions"]
+    line2 = f"threads: {spin}, {gap}, intra_op_num_threads={prot['intra_op_num_threads']}; memory: {mem}"
+    line3 = (
+        f"versions: ortfuse {v['ortfuse']}, onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numba {v['numba']}, "
+        f"numpy {v['numpy']}, python {env['python']}; {env['date']}"
+    )
+    return "\n".join([line1, line2, line3])
+
+
+def _fmt(x, spec: str, none: str = "-") -> str:
+    if x is None:
+        return none
+    if isinstance(x, float) and not np.isfinite(x):
+        return "inf"
+    return format(x, spec)
+
+
+def _peak_mb(row: dict, memory: str):
+    if memory == "subprocess":
+        m = row.get("memory") or {}
+        return m.get("peak_delta_mb")
+    if memory == "inprocess":
+        return row.get("rss_inprocess_mb")
+    return None
+
+
+def _fused(row: dict, name: str) -> str:
+    if CONFIGS[name].stock:
+        return "-"
+    counts = row.get("fused_ops") or {}
+    if not counts:
+        return "0"
+    return ",".join(f"{k}:{v}" for k, v in counts.items())
+
+
+def _diff(row: dict, name: str) -> str:
+    d = row.get("max_abs_diff")
+    if name == REFERENCE:
+        return "0 (ref)"
+    if d is None:
+        return "-"
+    if not np.isfinite(d):
+        return "inf"
+    return "0" if d == 0 else f"{d:.2e}"
+
+
+def table(result: dict, memory: str = "subprocess") -> str:
+    """The readable table of one (model, batch) result."""
+    ins = ", ".join(f"{k}{v['shape']} {v['dtype']}" for k, v in result["inputs"].items())
+    title = f"== {result['model']}" + (f" ({result['description']})" if result.get("description") else "")
+    title += f" | batch {result['batch']} | {ins} | {result['runs']} runs x {result['repeats']} repeats"
+    ctrl = result.get("control")
+    cols = ["config", "p50 ms", "p99 ms", "samples/s", f"p50/{BASELINE} [repeats]", "A/A ctrl", "verdict", "max|diff|", "peak MB", "create s", "fused ops"]
+    rows = []
+    for name, row in result["configs"].items():
+        rr = row.get("ratio_per_repeat") or []
+        if name == BASELINE:
+            ratio_txt = "1 (baseline)"
+        else:
+            ratio_txt = f"{row['ratio']:.3f} [{min(rr):.3f}-{max(rr):.3f}]"
+        rows.append(
+            [
+                name,
+                _fmt(row["p50_ms"], ".3f"),
+                _fmt(row["p99_ms"], ".3f"),
+                _fmt(row["throughput_per_s"], ".1f"),
+                ratio_txt,
+                _fmt(ctrl["ratio"], ".3f") if ctrl else "n/a",
+                row.get("verdict") or "",
+                _diff(row, name),
+                _fmt(_peak_mb(row, memory), ".1f"),
+                _fmt(row.get("create_s"), ".3f"),
+                _fused(row, name),
+            ]
+        )
+    widths = [max(len(str(r[i])) for r in [cols] + rows) for i in range(len(cols))]
+    right = {1, 2, 3, 5, 7, 8, 9}
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [title, line(cols), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    if ctrl:
+        rr = ctrl["ratio_per_repeat"]
+        out.append(
+            f"A/A control: {CONTROL}/{BASELINE} = {ctrl['ratio']:.3f} (repeats {min(rr):.3f}-{max(rr):.3f}): "
+            f"differences of that size are noise; verdict faster/slower only when all repeats lie beyond the control's."
+        )
+    for name, row in result["configs"].items():
+        if not CONFIGS[name].stock and row.get("fusion_reason"):
+            state = "applied" if row.get("fusion_applied") else "not applied"
+            out.append(f"note: {name}: fusion {state}: {row['fusion_reason']}")
+        for w in row.get("warnings") or []:
+            out.append(f"note: {name}: warning: {w}")
+        mem = row.get("memory") or {}
+        if mem.get("error"):
+            out.append(f"note: {name}: memory: {mem['error']}")
+    for n in result.get("notes") or []:
+        out.append(f"note: {n}")
+    return "\n".join(out)
+
+
+def _json_safe(obj):
+    """Strict JSON: non-finite floats (an infinite max |diff|) become strings."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _json_safe(obj.item())
+    return obj
+
+
+def summary_rows(doc: dict) -> list[dict]:
+    """One flat row per (model, batch, config): the numbers of the printed tables."""
+    rows = []
+    for res in doc["results"]:
+        ctrl = res.get("control")
+        for name, row in res["configs"].items():
+            rows.append(
+                {
+                    "model": res["model"],
+                    "batch": res["batch"],
+                    "config": name,
+                    "p50_ms": row["p50_ms"],
+                    "p99_ms": row["p99_ms"],
+                    "throughput_per_s": row["throughput_per_s"],
+                    "ratio": row.get("ratio"),
+                    "aa_control_ratio": ctrl["ratio"] if ctrl else None,
+                    "verdict": row.get("verdict"),
+                    "max_abs_diff": row.get("max_abs_diff"),
+                    "peak_mb": _peak_mb(row, doc["protocol"]["memory"]),
+                    "create_s": row.get("create_s"),
+                    "fused_ops": row.get("fused_ops"),
+                }
+            )
+    return rows
+
+
+def write_json(doc: dict, path: str) -> None:
+    doc = dict(doc)
+    doc["summary"] = summary_rows(doc)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_json_safe(doc), f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _batches(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--batch takes positive integers, got {text!r}")
+    return values
+
+
+def _configs(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    return names
+
+
+def _on_off(text: str) -> bool:
+    t = text.lower()
+    if t in ("on", "1", "true", "yes"):
+        return True
+    if t in ("off", "0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("models", nargs="*", metavar="MODEL", help="path to an .onnx file or a zoo name (default: the zoo's default, resnet50)")
+    parser.add_argument("--batch", type=_batches, default=[1], metavar="B[,B...]", help="batch sizes (default 1)")
+    parser.add_argument("--runs", type=int, default=None, metavar="N", help=f"timed interleaved passes per repeat, one run of each config per pass (default: auto, about {DEFAULT_BUDGET_S:.0f} s per model and batch)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R", help=f"repeats of the whole comparison (default {DEFAULT_REPEATS})")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W", help=f"untimed passes at the start of each repeat (default {DEFAULT_WARMUP})")
+    parser.add_argument("--configs", type=_configs, default=list(DEFAULT_CONFIGS), metavar="C[,C...]", help=f"configurations, in schedule order (default {','.join(DEFAULT_CONFIGS)})")
+    parser.add_argument("--spinning", type=_on_off, default=DEFAULT_SPINNING, metavar="on|off", help="ORT intra-/inter-op thread spinning for every session (default off: see DESIGN 6b)")
+    parser.add_argument("--gap-ms", type=float, default=DEFAULT_GAP_MS, metavar="MS", help="idle sleep before every single run, for all configs (default 0)")
+    parser.add_argument("--threads", type=int, default=0, metavar="N", help="intra_op_num_threads for every session (default: ORT's choice)")
+    parser.add_argument("--memory", choices=("subprocess", "inprocess", "off"), default="subprocess", help="how to measure peak memory (default subprocess)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample inputs (default 0)")
+    parser.add_argument("--json", metavar="OUT.json", help="write raw latencies, environment and summary")
+    parser.add_argument("--plot", metavar="OUT.png", help="write latency histograms (needs matplotlib)")
+    parser.add_argument("--progress", type=_on_off, default=None, metavar="on|off", help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from ortfuse.bench_plot import require_matplotlib
+
+        try:
+            require_matplotlib()
+        except RuntimeError as exc:
+            print(f"ortfuse bench: {exc}", file=sys.stderr)
+            return 2
+    try:
+        doc = bench(
+            args.models,
+            batches=args.batch,
+            runs=args.runs,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            configs=args.configs,
+            spinning=args.spinning,
+            gap_ms=args.gap_ms,
+            threads=args.threads,
+            memory=args.memory,
+            seed=args.seed,
+            progress=args.progress,
+            on_start=lambda doc: print(header(doc) + "\n", flush=True),
+            on_result=lambda result: print(table(result, args.memory) + "\n", flush=True),
+        )
+    except BenchError as exc:
+        print(f"ortfuse bench: {exc}", file=sys.stderr)
+        return 2
+    print(f"total wall time {doc['wall_s']:.1f} s")
+    if args.json:
+        write_json(doc, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from ortfuse.bench_plot import plot
+
+        plot(doc, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,276 @@
+"""``ortfuse bench``: protocol, JSON structure, numbers recomputed from the raw latencies, CLI, plot.
+
+Fast (tiny generated model, a few runs) and free of timing assertions: speed is the bench's output,
+never something a unit test can assert on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from ortfuse import bench, bench_measure
+
+RUNS, REPEATS = 3, 2
+STOCK = [name for name, cfg in bench.CONFIGS.items() if cfg.stock]
+
+
+def _tiny_elementwise_model(path, batch_dim="batch"):
+    """y = Relu(x * 2 + 1) - 0.5 on [batch, 8]: exact in float32 whatever ORT's optimizer does."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["m"]),
+        helper.make_node("Add", ["m", "one"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Sub", ["r", "half"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch_dim, 8])],
+        [two, one, half],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return _tiny_elementwise_model(tmp_path_factory.mktemp("bench") / "tiny.onnx")
+
+
+@pytest.fixture(scope="module")
+def bench_doc(tiny_model, tmp_path_factory):
+    """One bench run (two batches) written to JSON and read back, as a user of --json would see it."""
+    doc = bench.bench(
+        [tiny_model], batches=[1, 4], runs=RUNS, repeats=REPEATS, warmup=1, memory="inprocess", progress=False
+    )
+    out = tmp_path_factory.mktemp("bench_json") / "out.json"
+    bench.write_json(doc, str(out))
+    return json.loads(out.read_text()), doc
+
+
+# --------------------------------------------------------------------------- scheduling
+
+
+def test_interleave_two_configs_is_abba():
+    flat = [c for p in bench_measure.interleave(["A", "B"], 4) for c in p]
+    assert flat == list("ABBAABBA")
+
+
+def test_interleave_odd_runs_ends_with_forward_pass():
+    assert bench_measure.interleave(["A", "B"], 3) == [["A", "B"], ["B", "A"], ["A", "B"]]
+
+
+def test_interleave_rounds_are_order_then_reverse_and_balanced():
+    names = ["A", "B", "C", "D", "E"]
+    passes = bench_measure.interleave(names, 2 * len(names))
+    assert passes[0] == names and passes[1] == names[::-1]  # first round: A B C D E E D C B A
+    for forward, backward in zip(passes[::2], passes[1::2]):
+        assert backward == forward[::-1]
+        assert sorted(forward) == names
+    # over len(names) rounds every configuration holds every position equally often
+    for pos in range(len(names)):
+        counts = {n: sum(p[pos] == n for p in passes) for n in names}
+        assert set(counts.values()) == {2}
+    plain = bench_measure.interleave(names, 4, rotate=False)
+    assert plain == [names, names[::-1], names, names[::-1]]
+
+
+def test_measure_follows_the_schedule_and_counts():
+    calls = []
+    runners = {n: (lambda n=n: calls.append(n)) for n in "ABC"}
+    ticks = iter(range(0, 10**9, 1_000_000))  # every clock read advances 1 ms
+    raw = bench_measure.measure(runners, runs=4, repeats=2, warmup=1, clock=lambda: next(ticks))
+    assert {n: [len(r) for r in reps] for n, reps in raw.items()} == {n: [4, 4] for n in "ABC"}
+    one_repeat = bench_measure.interleave("ABC", 1) + bench_measure.interleave("ABC", 4)
+    assert calls == [c for p in one_repeat for c in p] * 2
+    assert all(x == pytest.approx(1.0) for reps in raw.values() for r in reps for x in r)
+
+
+def test_ratio_is_median_over_repeats_of_p50_ratios():
+    base = [[1.0, 2.0, 3.0], [2.0, 2.0, 2.0], [4.0, 4.0, 5.0]]
+    cfg = [[2.0, 2.0, 2.0], [3.0, 3.0, 1.0], [4.0, 6.0, 5.0]]
+    assert bench_measure.ratio_per_repeat(cfg, base) == [1.0, 1.5, 1.25]
+    assert bench_measure.ratio(cfg, base) == 1.25
+    assert bench_measure.percentile([1, 2, 3, 4, 5], 50) == 3
+    assert bench_measure.percentile(list(range(101)), 99) == pytest.approx(np.percentile(range(101), 99))
+
+
+# --------------------------------------------------------------------------- the bench run and its JSON
+
+
+def test_json_has_every_config_environment_and_raw_counts(bench_doc):
+    data, _ = bench_doc
+    assert data["schema"] == "ortfuse.bench/1"
+    env = data["environment"]
+    for key in ("cpu_model", "logical_cores", "physical_cores", "date", "versions"):
+        assert key in env
+    for dist in ("onnxruntime", "onnx", "numba", "ortfuse"):
+        assert env["versions"][dist]
+    assert data["protocol"]["spinning"] is bench.DEFAULT_SPINNING
+    assert [r["batch"] for r in data["results"]] == [1, 4]
+    for res in data["results"]:
+        assert list(res["configs"]) == list(bench.DEFAULT_CONFIGS)
+        assert res["runs"] == RUNS and res["repeats"] == REPEATS
+        for name, row in res["configs"].items():
+            lat = row["latencies_ms"]
+            assert len(lat) == REPEATS and all(len(rep) == RUNS for rep in lat), name
+            assert sum(len(rep) for rep in lat) == RUNS * REPEATS
+            assert all(isinstance(x, float) and x > 0 for rep in lat for x in rep)
+            assert row["create_s"] > 0
+    assert len(data["summary"]) == 2 * len(bench.DEFAULT_CONFIGS)
+
+
+def test_statistics_and_ratios_recomputed_from_raw(bench_doc):
+    data, _ = bench_doc
+    for res in data["results"]:
+        cfgs = res["configs"]
+        base = cfgs[bench.BASELINE]["latencies_ms"]
+        for name, row in cfgs.items():
+            lat = row["latencies_ms"]
+            p50s = [statistics.median(rep) for rep in lat]
+            assert row["p50_ms"] == pytest.approx(statistics.median(p50s))
+            assert row["p99_ms"] == pytest.approx(np.percentile([x for rep in lat for x in rep], 99))
+            assert row["throughput_per_s"] == pytest.approx(res["batch"] / (row["p50_ms"] / 1e3))
+            ratios = [statistics.median(c) / statistics.median(b) for c, b in zip(lat, base)]
+            assert row["ratio_per_repeat"] == pytest.approx(ratios)
+            assert row["ratio"] == pytest.approx(statistics.median(ratios))
+        assert cfgs[bench.BASELINE]["ratio"] == 1.0
+        ctrl = [statistics.median(c) / statistics.median(b) for c, b in zip(cfgs[bench.CONTROL]["latencies_ms"], base)]
+        assert res["control"]["ratio"] == pytest.approx(statistics.median(ctrl))
+        summary = {(s["batch"], s["config"]): s for s in data["summary"]}
+        for name, row in cfgs.items():
+            assert summary[(res["batch"], name)]["ratio"] == pytest.approx(row["ratio"])
+            assert summary[(res["batch"], name)]["aa_control_ratio"] == pytest.approx(res["control"]["ratio"])
+
+
+def test_outputs_match_reference_and_fusion_columns(bench_doc):
+    data, _ = bench_doc
+    for res in data["results"]:
+        for name in STOCK:
+            assert res["configs"][name]["max_abs_diff"] == 0.0, name
+            assert res["configs"][name]["fused_ops"] is None
+        for name in ("ortfuse_auto", "ortfuse_numba"):
+            assert isinstance(res["configs"][name]["fused_ops"], dict)
+            assert res["configs"][name]["max_abs_diff"] < 1e-5
+
+
+def test_table_and_header_text(bench_doc):
+    _, doc = bench_doc
+    head = bench.header(doc)
+    first = head.splitlines()[0]
+    assert "machine:" in first and "protocol:" in first
+    assert "spinning" in head
+    text = bench.table(doc["results"][0], "inprocess")
+    for name in bench.DEFAULT_CONFIGS:
+        assert name in text
+    assert "A/A" in text and "1 (baseline)" in text
+
+
+def test_plot_writes_png(bench_doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ortfuse import bench_plot
+
+    out = tmp_path / "hist.png"
+    bench_plot.plot(bench_doc[1], str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- inputs, diffs, errors
+
+
+def test_inputs_from_declared_shapes(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "seq"])
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x, ids], [y])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = bench.inputs_from_declared(str(path), batch=5, seed=3)
+    assert feeds["x"].shape == (5, 3, 128) and feeds["x"].dtype == np.float32
+    assert feeds["ids"].shape == (2, 128) and feeds["ids"].dtype == np.int64
+    again = bench.inputs_from_declared(str(path), batch=5, seed=3)
+    assert all(np.array_equal(feeds[k], again[k]) for k in feeds)
+
+
+def test_fixed_batch_file_runs_at_its_own_batch(tmp_path):
+    path = _tiny_elementwise_model(tmp_path / "fixed.onnx", batch_dim=2)
+    assert bench.file_batch(path, 64) == 2
+    doc = bench.bench([path], batches=[1, 64], runs=2, repeats=1, warmup=0, memory="off", progress=False)
+    assert [r["batch"] for r in doc["results"]] == [2]
+    assert "fixed batch" in doc["results"][0]["notes"][0]
+
+
+def test_max_abs_diff():
+    a = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    assert bench.max_abs_diff([a], [a.copy()]) == 0.0
+    assert bench.max_abs_diff([a], [a + 0.5]) == pytest.approx(0.5)
+    assert bench.max_abs_diff([a], [np.zeros(2, np.float32)]) == float("inf")
+    assert bench.max_abs_diff([np.array([1.0])], [np.array([np.nan])]) == float("inf")
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(bench.BenchError, match="neither an .onnx file nor a zoo model"):
+        bench.resolve_model("no_such_model_xyz")
+    with pytest.raises(bench.BenchError, match="unknown configuration"):
+        bench.bench(["x.onnx"], configs=["ort_enable_all", "nope"])
+
+
+def test_baseline_is_added_when_missing(tiny_model):
+    doc = bench.bench([tiny_model], runs=2, repeats=1, warmup=0, configs=["ortfuse_auto"], memory="off", progress=False)
+    res = doc["results"][0]
+    assert list(res["configs"]) == ["ort_enable_all", "ortfuse_auto"]
+    assert res["control"] is None
+    assert res["configs"]["ortfuse_auto"]["max_abs_diff"] == 0.0  # reference session made on the side
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_writes_json(tiny_model, tmp_path):
+    out = tmp_path / "x.json"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortfuse", "bench", tiny_model, "--runs", "3", "--repeats", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("ortfuse bench | machine:") and "protocol:" in first
+    data = json.loads(out.read_text())
+    res = data["results"][0]
+    assert set(res["configs"]) == set(bench.DEFAULT_CONFIGS)
+    for name, row in res["configs"].items():
+        assert sum(len(rep) for rep in row["latencies_ms"]) == 3 * 2
+        mem = row["memory"]
+        assert "error" not in mem, mem
+        assert mem["peak_delta_mb"] >= 0
+
+
+def test_cli_bad_model_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortfuse", "bench", str(tmp_path / "missing.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "not found" in proc.stderr

@@ -1,0 +1,271 @@
+"""Native fused ops against their numpy references (custom_ops/reference.py): odd sizes, broadcast
+shapes, strided inputs, NaN/Inf, empty tensors, every threading mode, bad inputs at run time and
+concurrent runs of one session."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ortfuse.custom_ops import native, reference
+from ortfuse.custom_ops.native_ops import BLOCK, GEMM_ACTIVATIONS
+from ortfuse.custom_ops.registration import native_unavailable_reason, register_native
+from ortfuse.custom_ops.specs import DOMAIN
+
+pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
+                                reason=f"native path unavailable: {native.unavailable_reason()}")
+
+OPS = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"]
+HARDSWISH = {"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0}
+
+
+def _model(op_type, inputs, attrs=None):
+    """One fused node with dynamic input shapes and the provenance attributes a rewrite adds."""
+    attrs = {"pattern_id": "test", "replaced_nodes": "a,b", **(attrs or {})}
+    node = helper.make_node(op_type, list(inputs), ["Out"], domain=DOMAIN, name="fused", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
+                              [helper.make_tensor_value_info("Out", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def session():
+    """session(op_type, inputs, attrs) -> InferenceSession with the native ops registered."""
+    cache = {}
+
+    def make(op_type, inputs, attrs=None, threads=2):
+        key = (op_type, tuple(inputs), tuple(sorted((attrs or {}).items())), threads)
+        if key not in cache:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            assert register_native(so, OPS), native_unavailable_reason(OPS)
+            cache[key] = ort.InferenceSession(_model(op_type, inputs, attrs), so, providers=["CPUExecutionProvider"])
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(params=["serial", "ort", "numba"])
+def threading_mode(request):
+    """Each threading mode, splitting work from the first element so blocks really run in parallel."""
+    saved = native.threading_settings()
+    native.set_threading(request.param, 0 if request.param != "serial" else -1)
+    yield request.param
+    native.set_threading(*saved)
+
+
+def _specials(n, rng):
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30, 1e-40], np.float32)
+    x[: min(n, specials.size)] = specials[: min(n, specials.size)]
+    return x
+
+
+def _assert_same(got, want, exact=True):
+    assert got.shape == want.shape and got.dtype == np.float32
+    if exact:
+        np.testing.assert_array_equal(got, want)  # NaN == NaN here; signs of zero are not compared
+        assert np.array_equal(np.signbit(got[got == 0]), np.signbit(want[want == 0]))
+    else:
+        np.testing.assert_allclose(got, want, rtol=3e-6, atol=1e-37, equal_nan=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# FusedAddRelu
+# --------------------------------------------------------------------------------------------------
+
+BROADCASTS = [
+    ((7,), (7,)), ((1023,), (1023,)), ((3, 5), (5,)), ((3, 5), (3, 1)), ((2, 3, 5), (1, 3, 1)),
+    ((2, 1, 5), (3, 1)), ((), (5,)), ((1,), (1,)), ((5,), (1,)), ((2, 3, 5, 7), (2, 1, 5, 1)),
+    ((4, 1, 9), (4, 11, 1)), ((1, 1), (1, 1)), ((300, 77), (77,)), ((77, 300), (77, 1)),
+    ((BLOCK + 3,), (BLOCK + 3,)), ((3, BLOCK + 1), (BLOCK + 1,)), ((2 * BLOCK + 5, 3), (3,)),
+    ((7, 0, 3), (3,)), ((0,), (1,)), ((2, 0), (2, 1)),
+]
+
+
+@pytest.mark.parametrize(("sa", "sb"), BROADCASTS, ids=[f"{a}+{b}" for a, b in BROADCASTS])
+def test_add_relu_matches_reference(session, threading_mode, sa, sb):
+    rng = np.random.default_rng(abs(hash((sa, sb))) % 2**32)
+    sess = session("FusedAddRelu", ["A", "B"])
+    for a_shape, b_shape in ((sa, sb), (sb, sa)):
+        a = _specials(int(np.prod(a_shape)), rng).reshape(a_shape)
+        b = _specials(int(np.prod(b_shape)), rng)[::-1].copy().reshape(b_shape)
+        with np.errstate(invalid="ignore"):
+            want = reference.add_relu(a, b)
+        _assert_same(sess.run(None, {"A": a, "B": b})[0], want)
+
+
+def test_add_relu_strided_inputs(session):
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((40, 66)).astype(np.float32)
+    a = base[::3, 1::2]          # non-contiguous view
+    b = base.T[:33, :14].T       # transposed view, shape (14, 33)
+    assert not a.flags.c_contiguous and not b.flags.c_contiguous and a.shape == b.shape
+    sess = session("FusedAddRelu", ["A", "B"])
+    _assert_same(sess.run(None, {"A": a, "B": b})[0], reference.add_relu(a, b))
+    _assert_same(sess.run(None, {"A": a, "B": b[0]})[0], reference.add_relu(a, b[0]))
+
+
+def test_add_relu_bad_shapes_raise_and_session_survives(session):
+    sess = session("FusedAddRelu", ["A", "B"])
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(Exception, match=r"FusedAddRelu: input shapes \[3,4\] and \[3\] do not broadcast"):
+        sess.run(None, {"A": a, "B": np.ones(3, np.float32)})
+    with pytest.raises(Exception, match=r"FusedAddRelu: input shapes \[2,3,4\] and \[5,1,1\] do not broadcast"):
+        sess.run(None, {"A": np.ones((2, 3, 4), np.float32), "B": np.ones((5, 1, 1), np.float32)})
+    with pytest.raises(Exception, match="(?i)type"):  # wrong dtype: ORT itself refuses float64 for a float input
+        sess.run(None, {"A": a.astype(np.float64), "B": a})
+    _assert_same(sess.run(None, {"A": a, "B": -a[0]})[0], np.zeros((3, 4), np.float32))
+
+
+def test_rank_above_limit_is_an_error(session):
+    sess = session("FusedSiLU", ["X"])
+    x = np.ones((1,) * (native.MAX_RANK + 1), np.float32)
+    with pytest.raises(Exception, match=f"FusedSiLU: input 0 has rank {native.MAX_RANK + 1}, more than the "
+                                        f"supported {native.MAX_RANK}"):
+        sess.run(None, {"X": x})
+    x = np.ones((1,) * native.MAX_RANK, np.float32)
+    assert sess.run(None, {"X": x})[0].shape == x.shape
+
+
+# --------------------------------------------------------------------------------------------------
+# unary ops
+# --------------------------------------------------------------------------------------------------
+
+SIZES = [(), (1,), (7,), (3, 0, 5), (1023,), (BLOCK - 1,), (BLOCK + 1,), (3, 7, BLOCK // 3 + 5), (100_003,)]
+
+
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+@pytest.mark.parametrize("attrs", [HARDSWISH, {"add": 1.5, "lo": -1.0, "hi": 2.5, "div": 3.0}], ids=["std", "odd"])
+def test_hardswish_matches_reference(session, threading_mode, shape, attrs):
+    rng = np.random.default_rng(len(shape))
+    x = _specials(int(np.prod(shape)), rng).reshape(shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = reference.hardswish(x, **attrs)
+    _assert_same(session("FusedHardSwish", ["X"], attrs).run(None, {"X": x})[0], want)
+
+
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+def test_silu_matches_reference(session, threading_mode, shape):
+    rng = np.random.default_rng(len(shape) + 11)
+    x = _specials(int(np.prod(shape)), rng).reshape(shape)
+    if x.ndim and x.size:
+        x[..., -1] = 100.0  # exp(-100) underflows to 0 in float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = reference.silu(x)
+    _assert_same(session("FusedSiLU", ["X"]).run(None, {"X": x})[0], want, exact=False)
+
+
+def test_unary_strided_input(session):
+    x = np.linspace(-8, 8, 400, dtype=np.float32).reshape(20, 20)[:, ::3]
+    assert not x.flags.c_contiguous
+    _assert_same(session("FusedHardSwish", ["X"], HARDSWISH).run(None, {"X": x})[0], reference.hardswish(x, **HARDSWISH))
+    _assert_same(session("FusedSiLU", ["X"]).run(None, {"X": x})[0], reference.silu(x), exact=False)
+
+
+def test_hardswish_missing_attribute_fails_session_creation():
+    so = ort.SessionOptions()
+    assert register_native(so, OPS)
+    with pytest.raises(Exception, match="FusedHardSwish: attribute 'div' is required and missing"):
+        ort.InferenceSession(_model("FusedHardSwish", ["X"], {"add": 3.0, "lo": 0.0, "hi": 6.0}), so,
+                             providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------------------------------
+# FusedGemmAct
+# --------------------------------------------------------------------------------------------------
+
+GEMM_SHAPES = [((1, 1), 1), ((5, 7), 3), ((2, 3, 17), 9), ((33, 64), 40), ((4, 2, 3, 300), 513), ((0, 5), 4),
+               ((3, 0), 2), ((6,), 5)]
+
+
+@pytest.mark.parametrize(("x_shape", "n"), GEMM_SHAPES, ids=str)
+@pytest.mark.parametrize("activation", ["", "relu", "gelu", "gelu_tanh", "silu", "relu+gelu"])
+def test_gemm_act_matches_reference(session, x_shape, n, activation):
+    rng = np.random.default_rng(n)
+    k = x_shape[-1]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / max(1, np.sqrt(k))).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    attrs = {"activation": activation} if activation else {}
+    got = session("FusedGemmAct", ["X", "W", "B"], attrs).run(None, {"X": x, "W": w, "B": b})[0]
+    want = reference.gemm_act(x, w, b, activation_kind=activation)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, float(np.abs(want).max(initial=0))))
+
+
+def test_gemm_act_parallel_modes_agree(session, threading_mode):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 50, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32) / 8
+    b = rng.standard_normal(96).astype(np.float32)
+    got = session("FusedGemmAct", ["X", "W", "B"], {"activation": "gelu"}).run(None, {"X": x, "W": w, "B": b})[0]
+    np.testing.assert_allclose(got, reference.gemm_act(x, w, b, activation_kind="gelu"), rtol=2e-5, atol=2e-5)
+
+
+def test_gemm_act_bad_shapes_raise_and_session_survives(session):
+    sess = session("FusedGemmAct", ["X", "W", "B"], {"activation": "relu"})
+    x, w, b = np.ones((2, 5), np.float32), np.ones((4, 3), np.float32), np.ones(3, np.float32)
+    with pytest.raises(Exception, match=r"FusedGemmAct: W must have shape \[K, N\] with K = last dim of X; "
+                                        r"got X \[2,5\] and W \[4,3\]"):
+        sess.run(None, {"X": x, "W": w, "B": b})
+    with pytest.raises(Exception, match=r"FusedGemmAct: B must have shape \[N\] with N = W's last dim; "
+                                        r"got W \[5,3\] and B \[2\]"):
+        sess.run(None, {"X": x, "W": np.ones((5, 3), np.float32), "B": np.ones(2, np.float32)})
+    with pytest.raises(Exception, match="FusedGemmAct: X must have rank >= 1"):
+        sess.run(None, {"X": np.array(1, np.float32), "W": w, "B": b})
+    np.testing.assert_array_equal(sess.run(None, {"X": x, "W": np.ones((5, 3), np.float32), "B": b})[0],
+                                  np.full((2, 3), 6, np.float32))
+
+
+def test_gemm_act_unknown_activation_fails_session_creation():
+    so = ort.SessionOptions()
+    assert register_native(so, OPS)
+    with pytest.raises(Exception, match="FusedGemmAct: attribute 'activation' has unsupported value 'relu\\+mish'; "
+                                        "expected '\\+'-joined tokens from: " + ", ".join(GEMM_ACTIVATIONS)):
+        ort.InferenceSession(_model("FusedGemmAct", ["X", "W", "B"], {"activation": "relu+mish"}), so,
+                             providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------------------------------
+# concurrency
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["ort", "numba"])
+def test_eight_threads_share_one_session(session, mode):
+    saved = native.threading_settings()
+    native.set_threading(mode, 0)
+    try:
+        sess = session("FusedAddRelu", ["A", "B"])
+        rng = np.random.default_rng(8)
+        feeds = [{"A": rng.standard_normal((37, BLOCK // 8 + 3)).astype(np.float32),
+                  "B": rng.standard_normal(BLOCK // 8 + 3).astype(np.float32)} for _ in range(8)]
+        expected = [sess.run(None, f)[0] for f in feeds]
+        errors, results = [], [[] for _ in feeds]
+        start = threading.Barrier(len(feeds))
+
+        def work(i):
+            try:
+                start.wait()
+                for _ in range(15):
+                    results[i].append(sess.run(None, feeds[i])[0])
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for i, outs in enumerate(results):
+            assert len(outs) == 15 and all(np.array_equal(o, expected[i]) for o in outs)
+            np.testing.assert_array_equal(expected[i], reference.add_relu(feeds[i]["A"], feeds[i]["B"]))
+    finally:
+        native.set_threading(*saved)

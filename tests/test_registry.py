@@ -1,0 +1,102 @@
+"""Kernel registry and selection: native kernels where this CPU and process can run them, the
+reference path otherwise, a stated reason when nothing fits, and the single-warning fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnxruntime
+import pytest
+
+import ortfuse
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
+from ortfuse import registry, session
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    registry._native_ops.cache_clear()
+    yield monkeypatch
+    registry._native_ops.cache_clear()
+
+
+def test_reference_kernel_exists_for_every_op():
+    from ortfuse.custom_ops.specs import SPECS
+
+    for op in SPECS:
+        sel = registry.select(op, prefer="reference")
+        assert sel.kernel is not None and sel.kernel.op_type == op + "Ref", op
+
+
+def test_native_kernel_wins_where_one_exists(fresh_registry):
+    native = registry._native_ops()
+    assert "FusedAddRelu" in native, "the native path should be available on this machine"
+    sel = registry.select("FusedAddRelu")
+    assert sel.kernel.path == "native" and sel.kernel.op_type == "FusedAddRelu"
+    assert sel.isa == registry.native_isa() and sel.label == f"native numba {sel.isa}"
+
+
+def test_native_disabled_by_environment_falls_to_reference(fresh_registry):
+    fresh_registry.setenv("ORTFUSE_NATIVE", "0")
+    sel = registry.select("FusedAddRelu")
+    assert sel.kernel.path == "reference"
+
+
+def test_dtype_without_kernel_is_a_reason_not_a_crash():
+    sel = registry.select("FusedAddRelu", dtype="float16")
+    assert sel.kernel is None and "no FusedAddRelu kernel for dtype float16" in sel.reason
+
+
+@pytest.mark.parametrize("override, expected", [("amx-tile,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2", "amx"),
+                                                ("avx2,avx,fma,sse4.2,sse2", "avx2"), ("sse2", "generic")])
+def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, override, expected):
+    """Selection logic with an overridden feature set: a bf16 AMX kernel (test-only entry; ortfuse
+    ships none) is chosen on an AMX CPU, and on others the reason names what this CPU has."""
+    from ortfuse import isa
+
+    monkeypatch.setenv("ORTFUSE_ISA", override)
+    isa.refresh()
+    try:
+        amx = registry.Kernel("FusedGemmAct", "native", ("amx",), ("bfloat16",), 20)
+        sel = registry.select("FusedGemmAct", dtype="bfloat16", extra=(amx,))
+        assert isa.supported_isas()[0] == expected
+        if expected == "amx":
+            assert sel.kernel is amx and sel.isa == "amx"
+        else:
+            assert sel.kernel is None and expected in sel.reason
+    finally:
+        monkeypatch.delenv("ORTFUSE_ISA")
+        isa.refresh()
+
+
+def test_unavailable_native_path_warns_once_and_uses_reference(monkeypatch):
+    from ortfuse.custom_ops import registration
+
+    monkeypatch.setattr(registration, "register_native", lambda so, names: False)
+    monkeypatch.setattr(registration, "native_unavailable_reason", lambda names=(): "simulated: no symbol")
+    monkeypatch.setattr(session, "_warned", [False])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion=True)
+        b = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion=True)
+    relevant = [w for w in caught if "native kernels unavailable" in str(w.message)]
+    assert len(relevant) == 1
+    for sess in (a, b):
+        assert all(m.kernel.startswith("reference") for m in sess.fusion_report.fused)
+        assert any("simulated: no symbol" in n for n in sess.fusion_report.notes)
+    feeds = ffn_inputs()
+    expected = onnxruntime.InferenceSession(ffn_matmul_add_relu().SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_allclose(a.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_reused_options_cannot_take_new_native_ops_and_fall_back():
+    so = onnxruntime.SessionOptions()
+    model = ffn_matmul_add_relu()
+    first = ortfuse.InferenceSession(model, so, fusion=True, fusion_patterns=["add_relu"])
+    assert first.fusion_report.counts() == {"add_relu": 1}
+    with pytest.warns(UserWarning, match="registered before") if not session._warned[0] else warnings.catch_warnings():
+        second = ortfuse.InferenceSession(model, so, fusion=True)
+    kernels = {m.pattern_id: m.kernel for m in second.fusion_report.fused}
+    assert kernels["gemm_relu_gelu"].startswith("reference")
+    np.testing.assert_allclose(second.run(None, ffn_inputs())[0], first.run(None, ffn_inputs())[0], rtol=1e-5, atol=1e-5)

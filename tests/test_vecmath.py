@@ -1,0 +1,179 @@
+"""custom_ops.vecmath: float32 exp / tanh / erf / sigmoid against float64 references, in ulps.
+
+Dense sweeps of each function's interesting range, a strided sweep over all 2**32 float32 bit patterns,
+and the special values (±0, ±tiny, ±large, ±Inf, NaN; exp overflow and underflow thresholds). The
+bounds asserted are ``vecmath.MAX_ULP``, the maxima measured by the exhaustive sweep
+(``python -m ortfuse.custom_ops.vecmath --exhaustive``). Plus: the functions stay float32 and vectorise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numba
+import numpy as np
+import pytest
+from ortfuse import isa
+from ortfuse.custom_ops import vecmath
+from ortfuse.custom_ops.vecmath import MAX_ULP, erf_f32, exp_f32, sigmoid_f32, tanh_f32, ulp_error
+
+F32 = np.float32
+
+
+@numba.njit(nogil=True, error_model="numpy")
+def _map_exp(x, out):
+    for i in range(x.size):
+        out[i] = exp_f32(x[i])
+
+
+@numba.njit(nogil=True, error_model="numpy")
+def _map_tanh(x, out):
+    for i in range(x.size):
+        out[i] = tanh_f32(x[i])
+
+
+@numba.njit(nogil=True, error_model="numpy")
+def _map_erf(x, out):
+    for i in range(x.size):
+        out[i] = erf_f32(x[i])
+
+
+@numba.njit(nogil=True, error_model="numpy")
+def _map_sigmoid(x, out):
+    for i in range(x.size):
+        out[i] = sigmoid_f32(x[i])
+
+
+MAPS = {"exp": _map_exp, "tanh": _map_tanh, "erf": _map_erf, "sigmoid": _map_sigmoid}
+
+_erf64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def _sigmoid64(x):
+    x = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+REFS = {
+    "exp": lambda x: np.exp(x.astype(np.float64)),
+    "tanh": lambda x: np.tanh(x.astype(np.float64)),
+    "erf": lambda x: _erf64(x.astype(np.float64)).astype(np.float64),
+    "sigmoid": _sigmoid64,
+}
+
+# the range where each function is not trivially 0, 1, Inf or x
+RANGES = {"exp": (-104.0, 89.0), "tanh": (-9.5, 9.5), "erf": (-4.0, 4.0), "sigmoid": (-104.0, 90.0)}
+
+
+def evaluate(name: str, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    MAPS[name](x, out)
+    return out
+
+
+def _dense(name: str, n: int = 1 << 20) -> np.ndarray:
+    lo, hi = RANGES[name]
+    lin = np.linspace(lo, hi, n, dtype=np.float64).astype(np.float32)
+    # near 0 the relative error is what matters: sweep magnitudes log-uniformly as well
+    small = np.geomspace(1e-30, 2.0, n // 4).astype(np.float32)
+    return np.concatenate([lin, small, -small])
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_dense_sweep_within_bound(name):
+    x = _dense(name)
+    err = ulp_error(evaluate(name, x), REFS[name](x))
+    worst = int(np.argmax(err))
+    assert err[worst] <= MAX_ULP[name], f"{name}({x[worst]!r}): {err[worst]:.3f} ulp > {MAX_ULP[name]}"
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_strided_sweep_of_all_bit_patterns(name):
+    """Every 4099th float32 bit pattern (over a million inputs spread over all signs, exponents and
+    NaN payloads): within the bound, and special values exactly where float64 rounds to them."""
+    x = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        err = ulp_error(evaluate(name, x), REFS[name](x))
+    worst = int(np.argmax(err))
+    assert err[worst] <= MAX_ULP[name], f"{name}({x[worst]!r}): {err[worst]:.3f} ulp"
+
+
+def test_ulp_sweep_tool():
+    """The exhaustive-sweep kernel behind the docstring figures, on a slice of the bit patterns."""
+    ones = np.array([1.0, 2.0], np.float32).view(np.uint32)
+    worst, where, mismatches = vecmath.ulp_sweep("exp", step=97, start=int(ones[0]), stop=int(ones[1]))
+    assert mismatches == 0 and 0 < worst <= MAX_ULP["exp"] and 1.0 <= where < 2.0
+
+
+SPECIALS = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 1.1754944e-38, 1e-20, -1e-20, 0.5, -0.5,
+                     1.0, -1.0, 3.0, -3.0, 20.0, -20.0, 87.0, -87.0, 88.72283, 88.72284, 89.0, -103.0,
+                     -103.972, -104.0, 1e10, -1e10, 3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan],
+                    dtype=np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_special_values(name):
+    y = evaluate(name, SPECIALS)
+    with np.errstate(all="ignore"):
+        ref = REFS[name](SPECIALS)
+    err = ulp_error(y, ref)
+    assert np.all(err <= MAX_ULP[name]), list(zip(SPECIALS[err > MAX_ULP[name]], y[err > MAX_ULP[name]]))
+    assert np.isnan(y[-1])  # NaN in, NaN out
+    if name in ("tanh", "erf"):  # odd functions keep the sign of zero
+        assert np.signbit(y[1]) and not np.signbit(y[0])
+        assert y[SPECIALS == np.inf][0] == 1 and y[SPECIALS == -np.inf][0] == -1
+
+
+def test_exp_overflow_and_underflow_like_numpy():
+    x = np.concatenate([np.linspace(80, 120, 4001), np.linspace(-120, -80, 4001),
+                        [88.72283, 88.722839, 88.72284, -103.97207, -103.97208, -87.33654, -87.33655]]
+                       ).astype(np.float32)
+    y = evaluate("exp", x)
+    with np.errstate(over="ignore", under="ignore"):
+        ref = np.exp(x)  # numpy float32
+    assert np.array_equal(np.isinf(y), np.isinf(ref))
+    assert np.array_equal(y == 0, ref == 0)
+    assert evaluate("exp", np.array([np.inf, -np.inf], np.float32)).tolist() == [np.inf, 0.0]
+
+
+def test_sigmoid_limits():
+    y = evaluate("sigmoid", np.array([np.inf, -np.inf, 100.0, -100.0, -0.0], np.float32))
+    assert y[0] == 1 and y[1] == 0 and y[2] == 1
+    assert 0 < y[3] < 1e-40            # subnormal, not flushed to 0
+    assert y[4] == 0.5
+
+
+def test_ulp_error_definition():
+    one = np.array([1.0], np.float32)
+    assert ulp_error(np.nextafter(one, F32(2)), np.array([1.0]))[0] == pytest.approx(1.0)
+    assert ulp_error(np.array([np.inf], np.float32), np.array([1e300]))[0] == 0
+    assert ulp_error(np.array([3e38], np.float32), np.array([1e300]))[0] == np.inf
+    assert ulp_error(np.array([np.nan], np.float32), np.array([np.nan]))[0] == 0
+    assert ulp_error(np.array([1e-45], np.float32), np.array([0.0]))[0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fn", [exp_f32, tanh_f32, erf_f32, sigmoid_f32], ids=lambda f: f.__name__)
+def test_stays_float32(fn):
+    fn(F32(0.25))
+    sigs = fn.nopython_signatures
+    assert sigs and all(s.return_type == numba.float32 for s in sigs)
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_vectorises_without_libm_calls(name):
+    """The loop over the function is vector code (ymm or zmm on an AVX2/AVX-512 host) and calls no
+    scalar libm function."""
+    kernel = MAPS[name]
+    evaluate(name, np.ones(4, np.float32))
+    asm = kernel.inspect_asm(kernel.signatures[0])
+    assert not re.search(r"call\w*\s+\S*(expf|tanhf|erff|exp|tanh|erf)\b", asm)
+    width = isa.asm_vector_width(asm)
+    if "avx2" in isa.host_features():
+        assert width["bits"] >= 256, width
+        # packed single-precision arithmetic on full-width registers, not a stray vector move
+        packed = re.findall(r"\bv(?:fn?m(?:add|sub)\d+|mul|add|sub|div|max|min)ps\s+[^\n]*%[yz]mm", asm)
+        assert len(packed) >= 8, len(packed)
