@@ -51,8 +51,21 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["exp_f32", "tanh_f32", "erf_f32", "sigmoid_f32", "fmuladd", "copysign_f32", "always_inline",
-           "f32_as_i32", "i32_as_f32", "ulp_error", "ulp_sweep", "MAX_ULP"]
+__all__ = [
+    "MAX_ULP",
+    "always_inline",
+    "copysign_f32",
+    "erf_f32",
+    "exp_f32",
+    "f32_as_i32",
+    "fmuladd",
+    "i32_as_f32",
+    "prefer_512bit",
+    "sigmoid_f32",
+    "tanh_f32",
+    "ulp_error",
+    "ulp_sweep",
+]
 
 F32 = np.float32
 _F32_IR = ir.FloatType()
@@ -120,6 +133,21 @@ def always_inline(typingctx):
     big loops (where the vectoriser needs it inlined), without numba's slow IR-level inlining."""
     def codegen(context, builder, sig, args):
         builder.function.attributes.add("alwaysinline")
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@intrinsic
+def prefer_512bit(typingctx):
+    """Give the function being compiled the LLVM attribute ``"prefer-vector-width"="512"``: its loops
+    vectorise with zmm registers where the target has AVX-512. numba's default target for this host
+    (``rocketlake``) carries LLVM's tuning that prefers 256-bit vectors, so without this loops get
+    ymm code. Measured on 64K floats in cache: zmm makes gelu/gelu_tanh/silu/exp 1.35-1.65x faster,
+    while relu (L2-bound) was 1.1-1.25x slower with zmm, so only math-heavy loops ask for it. On an
+    AVX2 or SSE2 target the attribute changes nothing (no 512-bit registers)."""
+    def codegen(context, builder, sig, args):
+        # llvmlite only accepts its known attribute names through .add(); a string attribute is legal IR
+        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
         return context.get_dummy_value()
     return types.none(), codegen
 
@@ -210,8 +238,8 @@ def exp_f32(x):
     """e**x in float32, max error 1.01 ulp; NaN -> NaN, overflow -> +Inf, underflow -> +0."""
     always_inline()
     # clamp with selects that keep NaN (a comparison with NaN is false, so x passes through)
-    x = _EXP_HI if x > _EXP_HI else x
-    x = _EXP_LO if x < _EXP_LO else x
+    x = _EXP_HI if x > _EXP_HI else x  # noqa: FURB136 - min() would not keep NaN
+    x = _EXP_LO if x < _EXP_LO else x  # noqa: FURB136
     m = fmuladd(x, _LOG2E, _MAGIC)             # n + 0x1.8p23, n = round(x / ln2)
     n = m - _MAGIC
     r = fmuladd(n, -_LN2_HI, x)
@@ -255,7 +283,7 @@ def erf_f32(x):
     p = fmuladd(p, z, _P1)
     p = fmuladd(p, z, _P0)
     small = fmuladd(a, p, a)
-    c = _ERF_CLAMP if a > _ERF_CLAMP else a     # NaN passes through
+    c = _ERF_CLAMP if a > _ERF_CLAMP else a  # noqa: FURB136 - NaN passes through
     t = _ONE / fmuladd(c, _HALF, _ONE)
     q = fmuladd(_R7, t, _R6)
     q = fmuladd(q, t, _R5)
@@ -366,7 +394,7 @@ def _sweep_kernel(name: str):
                     if not ((math.isnan(r32) and math.isnan(y)) or r32 == y):
                         bad[c] += 1
                     continue
-                m, e = math.frexp(abs(r))
+                _, e = math.frexp(abs(r))
                 ulp = math.ldexp(1.0, max(e - 24, -149)) if r != 0 else math.ldexp(1.0, -149)
                 err = abs(np.float64(y) - r) / ulp
                 if err > worst[c]:

@@ -13,8 +13,8 @@ All configurations run in one process, each as its own session on the same model
     ort_enable_all_b   a second, independent stock ORT_ENABLE_ALL session: the A/A control
 
 Timing follows DESIGN.md §6b (see ``ortfuse.bench_measure``): single runs interleaved A..E E..A,
-warm-up first, the whole comparison repeated (default 5), a median per configuration per repeat, and
-each ratio the median over repeats of p50(config) / p50(ort_enable_all), printed beside the A/A
+successive rounds in the orders of a Williams design (every configuration in every slot and next to
+every other equally often), warm-up first, the whole comparison repeated (default 5), a median per configuration per repeat, and each ratio the median over repeats of p50(config) / p50(ort_enable_all), printed beside the A/A
 control ratio of the same run. ORT's idle worker threads spin and take a core from whichever session
 runs next, so by default every session is created with spinning off (the choice and the measurements
 behind it are in ``SPINNING_EVIDENCE``); ``--spinning on`` and ``--gap-ms`` change that, for all
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -78,31 +79,44 @@ DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2  # untimed interleaved passes at the start of every repeat
 DEFAULT_BUDGET_S = 45.0  # with --runs unset: timed passes per (model, batch) take about this long
-MIN_AUTO_RUNS, MAX_AUTO_RUNS = 20, 1000
+MIN_AUTO_RUNS, MAX_AUTO_RUNS = 10, 1000
 DEFAULT_SPINNING = False
 DEFAULT_GAP_MS = 0.0
 MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
 
-# Why spinning is off and the rounds rotate (measured 2026-12-02 on this project's shared 2-core VM,
+# Why spinning is off and the round orders vary (measured 2026-12-02 on this project's shared 2-core VM,
 # Intel Xeon with AVX-512, while other sessions' test runs kept the load average at 3-10). Five stock
 # sessions in the bench's slots: ORT_DISABLE_ALL + ort_enable_all + two identical copies + the control
-# ort_enable_all_b in the last slot, 5 repeats. "A/A" is the worst |ratio - 1| of the three copies,
+# ort_enable_all_b in the last slot, 5 repeats; models from the zoo (mlp = mlp_gemm_relu_gelu). "A/A" is the worst |ratio - 1| of the three copies,
 # median over 3 cycles in which the variants alternated (so load changes hit them alike).
 SPINNING_EVIDENCE = """\
-variant (all sessions alike)        resnet50 b=1 (30 runs)        mlp b=1 (200 runs)          mlp b=64 (100 runs)
-spinning on, plain rounds           A/A 10.7%, p50 128 ms, 102 s  A/A 1.4% (max 6.4%), 52 s   A/A 12.1%, p50 33 ms, 90 s
-spinning on, rotated rounds         A/A  2.4-6.0%, p50 136-188 ms A/A 2.1%, 40 s              A/A 1.4% (max 10.5%), 72 s
-spinning off, plain rounds          A/A  2.1%, p50 30-100 ms      A/A 8.4% (control slot)     A/A 6.9%, p50 8 ms, 19 s
-spinning off, rotated rounds        A/A  0.3%, p50 31-102 ms, 38 s A/A 1.8%, 5 s              A/A 4.7%, p50 7 ms, 19 s
-spinning on + 75 ms idle gap        A/A  1.1%, p50 29 ms, 99 s    A/A 4.9%, 202 s             -
-spinning off + 5-10 ms idle gap     A/A  1.1%, p50 60 ms, 63 s    A/A 2.0%, 17 s              -
+variant (same for all sessions)  resnet50 b=1, 30 runs               mlp b=1, 200 runs         mlp b=64, 100 runs
+                                 A/A median (max)  p50     wall    A/A (max)     wall        A/A (max)      p50    wall
+spinning on,  plain rounds       10.7% (17.1%)     128 ms  102 s   1.4% (6.4%)   52 s        12.1% (21.9%)  33 ms  90 s
+spinning on,  rotated rounds      2.4% (6.0%)      188 ms  159 s   2.1% (2.9%)   40 s         1.4% (10.5%)  25 ms  72 s
+spinning off, plain rounds        2.1% (5.8%)       94 ms   94 s   8.4% (8.7%)   4.5 s        6.9% (7.5%)    8 ms  19 s
+spinning off, rotated rounds      0.3% (1.3%)       58 ms   64 s   1.8% (1.9%)   5.4 s        4.7% (5.9%)    7 ms  19 s
+single runs, not cycled:
+spinning on  + 75 ms idle gap     1.1%              29 ms   99 s   4.9%          202 s       -
+spinning off (plain), no gap      1.4%              30 ms   31 s   0.6-1.8%      2 s         -
+spinning off + 5-10 ms idle gap   1.1%              60 ms   63 s   2.0%          17 s        -
 With spinning on, the four idle sessions' pool threads spin for tens of ms after each of their runs and
 take the cores from the session being timed: identical sessions in the middle slots became 4x slower
 than spinning-off ones (resnet50 p50 128 ms vs 30 ms) and the session in the last slot, which runs
 twice in a row once per round, came out 10-17% faster than its identical twin. With spinning off that
 bias moved to the last slot being 4-9% slower on a sub-ms model; rotating each round by one slot
 (every configuration in every slot equally often) removed it. An idle gap also calms the threads but
-triples the wall time (75 ms x 5 configs per pass) and measures colder, isolated requests."""
+triples the wall time (75 ms x 5 configs per pass) and measures colder, isolated requests.
+
+Neighbours matter as much as slots. With the real five configurations on resnet50 b=1 (ortfuse_numba
+then ran numpy reference kernels, ~0.3-1 s per run, and slowed whichever session ran right after it),
+spinning off, 10 runs x 5 repeats, three alternating cycles, A/A = ort_enable_all_b / ort_enable_all
+(ortfuse_auto, which fell back to stock ORT, as a second A/A):
+  plain rounds             A/A 1.100, 1.184, 1.172   ortfuse_auto 0.989, 1.092, 1.182
+  rotated by one slot      A/A 1.287, 1.094, 1.169   ortfuse_auto 1.083, 1.044, 1.037 (same neighbours)
+  Williams design rounds   A/A 0.976, 0.977, 1.071   ortfuse_auto 0.977, 0.992, 1.026
+so the rounds follow a Williams design: every configuration in every slot and next to every other
+configuration equally often."""
 
 
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0):
@@ -275,13 +289,21 @@ def summarize(raw: dict[str, list[list[float]]], batch: int, baseline: str = BAS
     return out
 
 
+def noise_band(ctrl: list[float]) -> tuple[float, float]:
+    """The A/A control's spread made symmetric around 1 (in log scale): identical sessions differed by
+    up to that factor in either direction, so only ratios beyond it on every repeat mean something."""
+    w = max(abs(math.log(c)) for c in ctrl)
+    return math.exp(-w), math.exp(w)
+
+
 def _verdict(rr: list[float], ctrl: list[float] | None) -> str:
-    """"faster"/"slower" only when every repeat's ratio lies beyond every repeat of the A/A control."""
+    """ "faster"/"slower" only when every repeat's ratio lies beyond the A/A control's noise band."""
     if not ctrl:
         return "?"
-    if max(rr) < min(ctrl) and statistics.median(rr) < 1:
+    lo, hi = noise_band(ctrl)
+    if max(rr) < lo:
         return "faster"
-    if min(rr) > max(ctrl) and statistics.median(rr) > 1:
+    if min(rr) > hi:
         return "slower"
     return "~ noise"
 
@@ -347,17 +369,25 @@ def environment() -> dict:
 # --------------------------------------------------------------------------- the bench
 
 
+def _order_text(configs) -> str:
+    letter = {c: chr(ord("A") + i) for i, c in enumerate(configs)}
+    orders = ["".join(letter[c] for c in o) for o in bench_measure.round_orders(configs)]
+    text = f"single runs interleaved, rounds {orders[0]} {orders[0][::-1]}"
+    if len(orders) > 1:
+        text += (
+            f", then {orders[1]} {orders[1][::-1]}, ... ({len(orders)} round orders of a Williams design: "
+            "every config in every slot and next to every other equally often)"
+        )
+    return text
+
+
 def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s) -> dict:
-    letters = "".join(chr(ord("A") + i) for i in range(len(configs)))
     return {
         "configs": list(configs),
         "baseline": BASELINE,
         "control": CONTROL if CONTROL in configs else None,
         "reference": REFERENCE,
-        "order": (
-            f"single runs interleaved, rounds {letters} {letters[::-1]}"
-            + (f", each round rotated one config on ({letters[1:] + letters[:1]} {(letters[1:] + letters[:1])[::-1]}, ...)" if len(letters) > 2 else "")
-        ),
+        "order": _order_text(configs),
         "rotate": len(configs) > 2,
         "runs": runs if runs else "auto",
         "auto_runs_budget_s": None if runs else budget_s,
@@ -395,7 +425,7 @@ def bench(
     """Run the comparison for every model and batch; return everything as a JSON-able dict.
 
     ``runs=None`` picks the number of timed passes per (model, batch) from a short calibration so
-    that timing takes about ``budget_s`` seconds (between 20 and 1000 passes). ``memory`` is
+    that timing takes about ``budget_s`` seconds (10 to 1000 passes, whole Williams cycles). ``memory`` is
     "subprocess" (peak RSS growth of each configuration alone in a child process), "inprocess"
     (RSS growth over session creation and its first run in this process: cheap, rougher) or "off".
     ``on_start(doc)`` is called once the environment and protocol are known (before any session),
@@ -522,11 +552,11 @@ def _bench_model(src, batches, configs, runs, repeats, warmup, spinning, gap_ms,
         gap_s = gap_ms / 1e3
         chosen_runs, calibration = runs, None
         if chosen_runs is None:
-            t0 = time.perf_counter()
-            bench_measure.measure(runners, runs=3, repeats=1, warmup=1, gap_s=gap_s)
-            pass_s = (time.perf_counter() - t0) / 4
+            calib = bench_measure.measure(runners, runs=3, repeats=1, warmup=1, gap_s=gap_s)
+            # per pass: each config's median run, its idle gap and ~50 us of Python between runs
+            pass_s = sum(statistics.median(calib[c][0]) for c in configs) / 1e3 + len(configs) * (gap_s + 50e-6)
             chosen_runs = int(min(MAX_AUTO_RUNS, max(MIN_AUTO_RUNS, round(budget_s / (repeats * pass_s)))))
-            whole = 2 * len(configs)  # whole rotations: every config in every position equally often
+            whole = 2 * len(configs)  # whole Williams cycles: slots and neighbours balanced
             chosen_runs = -(-chosen_runs // whole) * whole
             calibration = {"pass_s": pass_s, "runs": chosen_runs}
         bar = _progress_bar(repeats * (warmup + chosen_runs), f"{src.label} batch {batch}", progress)
@@ -626,7 +656,13 @@ def header(doc: dict) -> str:
         f"versions: ortfuse {v['ortfuse']}, onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numba {v['numba']}, "
         f"numpy {v['numpy']}, python {env['python']}; {env['date']}"
     )
-    return "\n".join([line1, line2, line3])
+    lines = [line1, line2, line3]
+    if load and env.get("usable_cores") and load[0] > 0.75 * env["usable_cores"]:
+        lines.append(
+            f"warning: load average {load[0]:.1f} on {env['usable_cores']} cores: other processes compete for the CPU; "
+            "absolute latencies are inflated, read ratios against the A/A control"
+        )
+    return "\n".join(lines)
 
 
 def _fmt(x, spec: str, none: str = "-") -> str:
@@ -706,8 +742,9 @@ def table(result: dict, memory: str = "subprocess") -> str:
     if ctrl:
         rr = ctrl["ratio_per_repeat"]
         out.append(
-            f"A/A control: {CONTROL}/{BASELINE} = {ctrl['ratio']:.3f} (repeats {min(rr):.3f}-{max(rr):.3f}): "
-            f"differences of that size are noise; verdict faster/slower only when all repeats lie beyond the control's."
+            f"A/A control: {CONTROL}/{BASELINE} = {ctrl['ratio']:.3f} (repeats {min(rr):.3f}-{max(rr):.3f}), "
+            f"noise band {noise_band(rr)[0]:.3f}-{noise_band(rr)[1]:.3f}: verdict faster/slower only when every "
+            f"repeat's ratio lies outside it."
         )
     for name, row in result["configs"].items():
         if not CONFIGS[name].stock and row.get("fusion_reason"):

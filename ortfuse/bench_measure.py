@@ -6,6 +6,9 @@ gives ratios anywhere from 0.74 to 1.25 between *identical* sessions. What works
 - single runs interleaved across configurations, each pass in the opposite order of the previous one
   (``A B C`` then ``C B A``: for two configurations the classic ``A B B A``), so that every
   configuration runs as often early as late in a round and drifts of the machine cancel;
+- with three or more configurations, successive rounds in the orders of a Williams design, so that
+  every configuration runs in every slot and right after every other one equally often (a slow or
+  thread-hungry neighbour, or running twice in a row at the ends of a round, biases a latency);
 - warm-up passes first (not timed), in the same interleaved order;
 - the whole comparison repeated ``repeats`` times, a median per configuration per repeat, and each
   ratio the median over repeats of ``p50(config) / p50(baseline)``;
@@ -23,30 +26,59 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 
+def _williams_row(n: int) -> list[int]:
+    """0, 1, n-1, 2, n-2, ...: adding k (mod n) for k = 0..n-1 gives n paths in which every pair of
+    distinct items is adjacent exactly twice and every item is first once and last once."""
+    row, lo, hi = [0], 1, n - 1
+    while len(row) < n:
+        row.append(lo)
+        lo += 1
+        if len(row) < n:
+            row.append(hi)
+            hi -= 1
+    return row
+
+
+def round_orders(configs: Sequence[str], rotate: bool = True) -> list[list[str]]:
+    """The forward orders of ``len(configs)`` consecutive rounds; the first is ``configs`` itself.
+
+    Two things besides the slot bias out a configuration's latency on these machines: the slot it runs
+    in (the ends of a round run twice in a row) and which configuration ran just before it (a slow
+    or thread-hungry one leaves pool threads or a cold cache behind). A plain rotation moves the slots
+    but keeps the neighbours: the control would always follow the same configurations and the
+    baseline others. So the orders are the rows of a Williams design (a Latin square balanced for
+    neighbours) relabelled so that row 0 is ``configs``: over these rounds every configuration runs in
+    every slot once and next to every other configuration equally often (in both directions, since
+    each round also runs reversed). With two configurations the plain ``A B B A`` already is balanced.
+    """
+    names = list(configs)
+    n = len(names)
+    if not rotate or n <= 2:
+        return [names]
+    row0 = _williams_row(n)
+    slot_of = {v: i for i, v in enumerate(row0)}  # relabel so that round 0 is the given order
+    return [[names[slot_of[(v + k) % n]] for v in row0] for k in range(n)]
+
+
 def interleave(configs: Sequence[str], runs: int, rotate: bool = True) -> list[list[str]]:
     """The passes of one repeat: ``runs`` passes, alternately in order and in reverse order.
 
     Every configuration appears exactly once per pass, so ``runs`` passes give ``runs`` single runs of
     each configuration. Two consecutive passes form one round ``A B .. Z Z .. B A`` (``A B B A`` for two
-    configurations); an odd ``runs`` ends with one forward pass.
-
-    The configurations at the two ends of a round run twice in a row (``Z Z``, then ``A A`` into the
-    next round), the others never do, and that position alone made an identical session measurably
-    slower or faster (see ``ortfuse.bench``). With ``rotate`` (the default), round ``k`` starts at the
-    ``k``-th configuration (``B C .. A A .. C B`` for k=1), so over ``len(configs)`` rounds every
-    configuration holds every position equally often. The first round is always ``A B .. Z Z .. B A``;
-    two configurations are both at the ends already and keep the plain ``A B B A A B B A ...``.
+    configurations); an odd ``runs`` ends with one forward pass. With ``rotate`` (the default) round
+    ``k`` uses ``round_orders(configs)[k % n]`` instead of ``configs``: ``2 * n`` passes then balance
+    every configuration's slots and neighbours. The first round is always ``A B .. Z Z .. B A``.
     """
     if runs < 0:
         raise ValueError(f"runs must be >= 0, got {runs}")
     names = list(configs)
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must be unique, got {names}")
+    orders = round_orders(names, rotate) if names else [names]
     passes = []
     for i in range(runs):
-        k = (i // 2) % len(names) if (rotate and len(names) > 2) else 0
-        order = names[k:] + names[:k]
-        passes.append(order if i % 2 == 0 else order[::-1])
+        order = orders[(i // 2) % len(orders)]
+        passes.append(list(order) if i % 2 == 0 else order[::-1])
     return passes
 
 

@@ -30,12 +30,28 @@ import os
 import re
 from collections.abc import Iterable
 
-__all__ = ["ISA_LEVELS", "KNOWN_FEATURES", "LEVEL_FEATURES", "host_features", "cpu_features", "has",
-           "supported_isas", "best_isa", "select_isa", "numba_env", "asm_vector_width", "describe", "refresh"]
+__all__ = [
+    "ISA_LEVELS",
+    "KERNEL_ISAS",
+    "KNOWN_FEATURES",
+    "LEVEL_FEATURES",
+    "asm_vector_width",
+    "best_isa",
+    "cpu_features",
+    "describe",
+    "has",
+    "host_features",
+    "numba_env",
+    "refresh",
+    "select_isa",
+    "supported_isas",
+]
 
 ENV_VAR = "ORTFUSE_ISA"
 
 ISA_LEVELS = ("amx", "avx512", "avx2", "generic")
+# the levels ortfuse compiles kernel variants for (no AMX kernels: an AMX CPU runs the avx512 ones)
+KERNEL_ISAS = ("avx512", "avx2", "generic")
 
 # features each level needs (LLVM names)
 LEVEL_FEATURES: dict[str, frozenset[str]] = {
@@ -66,8 +82,8 @@ _BASELINE = frozenset({"sse", "sse2", "64bit", "cmov", "cx8", "fxsr", "mmx"})   
 # numba target per level: (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES)
 _NUMBA_TARGETS = {
     "avx512": ("skylake-avx512",
-               "+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx2,+fma,+avx,+f16c,+bmi,+bmi2,+lzcnt,"
-               "+popcnt,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,-prefer-256-bit"),
+               ("+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx2,+fma,+avx,+f16c,+bmi,+bmi2,+lzcnt,"
+                "+popcnt,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,-prefer-256-bit")),
     "avx2": ("haswell", "+avx2,+fma,+avx,+sse4.2,-avx512f"),
     "generic": ("generic", "+sse2"),
 }
@@ -99,7 +115,7 @@ def _detect() -> tuple[frozenset[str], str]:
         feats = _from_llvm()
         if feats:
             return feats, "llvm"
-    except Exception:  # noqa: BLE001 - any failure of the LLVM query falls back to /proc
+    except Exception:  # noqa: BLE001, S110 - any failure of the LLVM query falls back to /proc
         pass
     try:
         feats = _from_cpuinfo()

@@ -76,17 +76,21 @@ def test_interleave_odd_runs_ends_with_forward_pass():
     assert bench_measure.interleave(["A", "B"], 3) == [["A", "B"], ["B", "A"], ["A", "B"]]
 
 
-def test_interleave_rounds_are_order_then_reverse_and_balanced():
-    names = ["A", "B", "C", "D", "E"]
-    passes = bench_measure.interleave(names, 2 * len(names))
-    assert passes[0] == names and passes[1] == names[::-1]  # first round: A B C D E E D C B A
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 7])
+def test_interleave_rounds_are_order_then_reverse_and_balanced(n):
+    names = [chr(ord("A") + i) for i in range(n)]
+    passes = bench_measure.interleave(names, 2 * n)
+    assert passes[0] == names and passes[1] == names[::-1]  # first round: A B .. Z Z .. B A
     for forward, backward in zip(passes[::2], passes[1::2]):
         assert backward == forward[::-1]
         assert sorted(forward) == names
-    # over len(names) rounds every configuration holds every position equally often
-    for pos in range(len(names)):
-        counts = {n: sum(p[pos] == n for p in passes) for n in names}
-        assert set(counts.values()) == {2}
+    # over n rounds every configuration holds every slot equally often ...
+    for slot in range(n):
+        assert {c: sum(p[slot] == c for p in passes) for c in names} == {c: 2 for c in names}
+    # ... and runs next to every other configuration equally often (within passes)
+    pairs = [frozenset(p[i : i + 2]) for p in passes for i in range(n - 1)]
+    counts = {frozenset((a, b)): pairs.count(frozenset((a, b))) for a in names for b in names if a < b}
+    assert set(counts.values()) == {4}
     plain = bench_measure.interleave(names, 4, rotate=False)
     assert plain == [names, names[::-1], names, names[::-1]]
 
@@ -191,6 +195,16 @@ def test_plot_writes_png(bench_doc, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_verdict_needs_every_repeat_beyond_the_symmetric_noise_band():
+    ctrl = [0.97, 0.99, 1.01]  # identical sessions differed by up to 1/0.97
+    assert bench.noise_band(ctrl) == pytest.approx((0.97, 1 / 0.97))
+    assert bench._verdict([1.02, 1.025, 1.028], ctrl) == "~ noise"  # inside 1/0.97 = 1.031
+    assert bench._verdict([1.04, 1.05, 1.2], ctrl) == "slower"
+    assert bench._verdict([0.90, 0.95, 0.96], ctrl) == "faster"
+    assert bench._verdict([0.90, 0.95, 1.2], ctrl) == "~ noise"
+    assert bench._verdict([0.5], None) == "?"
+
+
 # --------------------------------------------------------------------------- inputs, diffs, errors
 
 
@@ -247,6 +261,7 @@ def test_cli_writes_json(tiny_model, tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "ortfuse", "bench", tiny_model, "--runs", "3", "--repeats", "2", "--json", str(out)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -258,7 +273,7 @@ def test_cli_writes_json(tiny_model, tmp_path):
     data = json.loads(out.read_text())
     res = data["results"][0]
     assert set(res["configs"]) == set(bench.DEFAULT_CONFIGS)
-    for name, row in res["configs"].items():
+    for row in res["configs"].values():
         assert sum(len(rep) for rep in row["latencies_ms"]) == 3 * 2
         mem = row["memory"]
         assert "error" not in mem, mem
@@ -268,6 +283,7 @@ def test_cli_writes_json(tiny_model, tmp_path):
 def test_cli_bad_model_exits_2(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ortfuse", "bench", str(tmp_path / "missing.onnx")],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,

@@ -25,9 +25,10 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
-from ortfuse import isa
 from ortfuse.custom_ops import reference as R
 from ortfuse.custom_ops.kernels import eltwise as E
+
+from ortfuse import isa
 
 F32 = np.float32
 SIZES = [0, 1, 7, 17, 1023, (1 << 20) + 3]
@@ -104,11 +105,11 @@ def test_unary_matches_reference(name, n):
 
 
 PARAMS = {
-    "clip": [dict(lo=0.0, hi=6.0), dict(lo=-1.5, hi=2.5), dict(lo=-np.inf, hi=0.0), dict(lo=0.0, hi=np.nan),
-             dict(lo=np.nan, hi=1.0), dict(lo=3.0, hi=-3.0)],
-    "hardsigmoid": [dict(alpha=0.2, beta=0.5), dict(alpha=1 / 6, beta=0.5), dict(alpha=-0.3, beta=0.1)],
-    "hardswish": [dict(add=3.0, lo=0.0, hi=6.0, div=6.0), dict(add=1.0, lo=-0.5, hi=2.0, div=3.0),
-                  dict(add=3.0, lo=0.0, hi=6.0, div=0.0)],
+    "clip": [{"lo": 0.0, "hi": 6.0}, {"lo": -1.5, "hi": 2.5}, {"lo": -np.inf, "hi": 0.0}, {"lo": 0.0, "hi": np.nan},
+             {"lo": np.nan, "hi": 1.0}, {"lo": 3.0, "hi": -3.0}],
+    "hardsigmoid": [{"alpha": 0.2, "beta": 0.5}, {"alpha": 1 / 6, "beta": 0.5}, {"alpha": -0.3, "beta": 0.1}],
+    "hardswish": [{"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0}, {"add": 1.0, "lo": -0.5, "hi": 2.0, "div": 3.0},
+                  {"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 0.0}],
 }
 PARAM_REFS = {
     "clip": lambda x, p: R.clip(x, p["lo"], p["hi"]),
@@ -224,7 +225,7 @@ def test_parallel_equals_serial(name, n):
         kw = {"kind": "relu+gelu"}
     inputs = (x, b) if name in ("add_relu", "add_relu_bcast", "bias_act") else (x,)
     with np.errstate(all="ignore"):
-        serial = E.run(name, *inputs, parallel_min=1 << 62, **kw)
+        serial = E.run(name, *inputs, parallel_min=E.SERIAL, **kw)
         parallel = E.run(name, *inputs, parallel_min=0, **kw)
     assert_identical(parallel, serial)
 
@@ -308,7 +309,7 @@ def test_element_loops_vectorise(name):
     src = (f"def probe(x, y, out, p, q):\n    for i in range(x.size):\n"
            f"        out[i] = {ELEMENT_PROBES[name]}\n")
     scope = dict(vars(E))
-    exec(src, scope)
+    exec(src, scope)  # noqa: S102 - a probe loop per op
     probe = numba.njit(nogil=True, error_model="numpy")(scope["probe"])
     x = make_input(64)
     probe(x, x.copy(), np.empty_like(x), F32(3.0), F32(6.0))
@@ -326,6 +327,20 @@ def test_apply_range_has_no_libm_calls_and_is_vector_code():
     assert not re.search(r"call\w*\s+\S*(expf|tanhf|erff)", asm)
     if "avx2" in isa.host_features():
         assert isa.asm_vector_width(asm)["bits"] >= 256
+
+
+@pytest.mark.parametrize("op", ["OP_GELU", "OP_SILU", "OP_EXP"])
+def test_math_heavy_loops_use_512bit_vectors_on_avx512(op):
+    """vecmath.prefer_512bit: zmm for the transcendental ops even under numba's default target for
+    the host, whose LLVM tuning prefers ymm (1.35-1.65x faster in cache)."""
+    if "avx512f" not in isa.host_features():
+        pytest.skip("no AVX-512")
+    scope = {"E": E, "F32": F32}
+    exec(f"def probe(x, out):\n    E._loops(x, out, E.{op}, F32(0), F32(0), F32(0), F32(1))\n", scope)  # noqa: S102
+    probe = numba.njit(nogil=True, error_model="numpy")(scope["probe"])
+    x = make_input(64)
+    probe(x, np.empty_like(x))
+    assert isa.asm_vector_width(probe.inspect_asm(probe.signatures[0]))["zmm"] > 0
 
 
 def test_in_place_loops_are_vector_code():
@@ -370,13 +385,14 @@ def isa_cache_dir(tmp_path) -> Path:
     return tmp_path / "numba_cache"
 
 
-@pytest.mark.parametrize("target", isa.ISA_LEVELS)
+@pytest.mark.parametrize("target", isa.KERNEL_ISAS)
 def test_isa_variant_compiles_numerics_and_register_width(target, isa_cache_dir):
     if target not in isa.supported_isas():
         pytest.skip(f"this CPU does not support {target}")
     env = {**os.environ, **isa.numba_env(target), "NUMBA_CACHE_DIR": str(isa_cache_dir)}
     env.pop("ORTFUSE_ISA", None)
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["cpu"] == isa.numba_env(target)["NUMBA_CPU_NAME"]

@@ -53,6 +53,8 @@ def session():
 @pytest.fixture(params=["serial", "ort", "numba"])
 def threading_mode(request):
     """Each threading mode, splitting work from the first element so blocks really run in parallel."""
+    if request.param == "numba" and not native._numba_threads_ok():
+        pytest.skip("numba's threading layer here is neither omp nor tbb")
     saved = native.threading_settings()
     native.set_threading(request.param, 0 if request.param != "serial" else -1)
     yield request.param
@@ -239,6 +241,8 @@ def test_gemm_act_unknown_activation_fails_session_creation():
 
 @pytest.mark.parametrize("mode", ["ort", "numba"])
 def test_eight_threads_share_one_session(session, mode):
+    if mode == "numba" and not native._numba_threads_ok():
+        pytest.skip("numba's threading layer here is neither omp nor tbb")
     saved = native.threading_settings()
     native.set_threading(mode, 0)
     try:

@@ -14,9 +14,17 @@ import re
 import numba
 import numpy as np
 import pytest
-from ortfuse import isa
 from ortfuse.custom_ops import vecmath
-from ortfuse.custom_ops.vecmath import MAX_ULP, erf_f32, exp_f32, sigmoid_f32, tanh_f32, ulp_error
+from ortfuse.custom_ops.vecmath import (
+    MAX_ULP,
+    erf_f32,
+    exp_f32,
+    sigmoid_f32,
+    tanh_f32,
+    ulp_error,
+)
+
+from ortfuse import isa
 
 F32 = np.float32
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Compare two ``ortfuse bench --json`` files (say, before and after a change to a kernel).
 
     python tools/bench_compare.py before.json after.json

@@ -15,12 +15,13 @@ For each kernel and size, three configurations run in the same process, single c
 - ``ort_aa``: a second, identical ORT session (the A/A control: the noise floor of this very run);
 - ``fused``: the numba kernel of ``ortfuse.custom_ops.kernels.eltwise`` on contiguous float32 arrays
   with a preallocated output, called through its numba dispatcher (a few microseconds of call overhead,
-  which a cfunc inside ORT does not pay).
+  which a cfunc inside ORT does not pay), serial unless ``--parallel-min`` says otherwise.
 
 Reported: median latency of each, ``fused/ort`` and ``ort_aa/ort`` (median over repeats of the ratio of
 per-repeat medians), and the fused kernel's bandwidth in GB/s (bytes of all inputs and the output,
-like STREAM, no write-allocate traffic) against a STREAM-like copy measured here (the best of a numba
-parallel copy and numpy's copy, same size).
+like STREAM, no write-allocate traffic) against a STREAM-like copy measured here (the best of a
+serial numba copy loop, a prange one and numpy's copy, same size). The load average before and after
+is printed: on a shared machine other processes change everything (DESIGN.md §6b).
 
 ``--threshold`` measures the serial kernel against the prange one over sizes from 16K to 4M elements
 (``parallel_min`` huge vs 0), the data behind ``eltwise.PARALLEL_MIN``.
@@ -43,12 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+from ortfuse.custom_ops.kernels import eltwise as E
 
-from ortfuse.bench_measure import measure, ratio  # noqa: E402
-from ortfuse.custom_ops.kernels import eltwise as E  # noqa: E402
+from ortfuse.bench_measure import measure, ratio
 
 F32 = np.float32
 BCAST_N = 1024  # the last dim of the broadcast cases
@@ -74,32 +75,33 @@ def _model(nodes, inputs, inits, opset=17):
     return model
 
 
-def build(kernel: str, n: int):
-    """(ONNX model, {input: array}, fused callable(out), bytes moved) for ``kernel`` on n elements."""
+def build(kernel: str, n: int, pm: int = E.PARALLEL_MIN):
+    """(ONNX model, {input: array}, fused callable(out), bytes moved) for ``kernel`` on n elements,
+    the fused kernel called with ``parallel_min=pm``."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(n) * 3).astype(F32)
     mn = n // BCAST_N
     if kernel == "relu":
         model = _model([helper.make_node("Relu", ["X"], ["Y"])], [("X", [n])], [])
         feeds = {"X": x}
-        fn = lambda out: E.relu(x, out)  # noqa: E731
+        fn = lambda out: E.relu(x, out, pm)
     elif kernel == "clip":
         model = _model([helper.make_node("Clip", ["X", "lo", "hi"], ["Y"])], [("X", [n])],
                        [_const("lo", 0.0), _const("hi", 6.0)])
         feeds = {"X": x}
-        fn = lambda out: E.clip(x, out, F32(0), F32(6))  # noqa: E731
+        fn = lambda out: E.clip(x, out, F32(0), F32(6), pm)
     elif kernel == "add_relu":
         b = (rng.standard_normal(n) * 3).astype(F32)
         model = _model([helper.make_node("Add", ["A", "B"], ["S"]), helper.make_node("Relu", ["S"], ["Y"])],
                        [("A", [n]), ("B", [n])], [])
         feeds = {"A": x, "B": b}
-        fn = lambda out: E.add_relu(x, b, out)  # noqa: E731
+        fn = lambda out: E.add_relu(x, b, out, pm)
     elif kernel == "add_relu_bcast":
         b = (rng.standard_normal(BCAST_N) * 3).astype(F32)
         model = _model([helper.make_node("Add", ["A", "B"], ["S"]), helper.make_node("Relu", ["S"], ["Y"])],
                        [("A", [mn, BCAST_N]), ("B", [BCAST_N])], [])
         feeds = {"A": x.reshape(mn, BCAST_N), "B": b}
-        fn = lambda out: E.add_relu_bcast(x, b, out)  # noqa: E731
+        fn = lambda out: E.add_relu_bcast(x, b, out, pm)
     elif kernel == "hardswish":
         model = _model([helper.make_node("Add", ["X", "three"], ["a"]),
                         helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
@@ -107,12 +109,12 @@ def build(kernel: str, n: int):
                         helper.make_node("Mul", ["X", "d"], ["Y"])],
                        [("X", [n])], [_const("three", 3.0), _const("zero", 0.0), _const("six", 6.0)])
         feeds = {"X": x}
-        fn = lambda out: E.hardswish(x, out, F32(3), F32(0), F32(6), F32(6))  # noqa: E731
+        fn = lambda out: E.hardswish(x, out, F32(3), F32(0), F32(6), F32(6), pm)
     elif kernel == "silu":
         model = _model([helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
                        [("X", [n])], [])
         feeds = {"X": x}
-        fn = lambda out: E.silu(x, out)  # noqa: E731
+        fn = lambda out: E.silu(x, out, pm)
     elif kernel == "gelu":
         model = _model([helper.make_node("Div", ["X", "sqrt2"], ["d"]),
                         helper.make_node("Erf", ["d"], ["e"]),
@@ -121,7 +123,7 @@ def build(kernel: str, n: int):
                         helper.make_node("Mul", ["m", "half"], ["Y"])],
                        [("X", [n])], [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
         feeds = {"X": x}
-        fn = lambda out: E.gelu(x, out)  # noqa: E731
+        fn = lambda out: E.gelu(x, out, pm)
     elif kernel == "gelu_tanh":
         model = _model([helper.make_node("Mul", ["X", "X"], ["x2"]),
                         helper.make_node("Mul", ["x2", "X"], ["x3"]),
@@ -135,7 +137,7 @@ def build(kernel: str, n: int):
                        [("X", [n])], [_const("k", 0.044715), _const("c", np.sqrt(2.0 / np.pi)),
                                       _const("one", 1.0), _const("half", 0.5)])
         feeds = {"X": x}
-        fn = lambda out: E.gelu_tanh(x, out)  # noqa: E731
+        fn = lambda out: E.gelu_tanh(x, out, pm)
     elif kernel == "bias_gelu":
         b = (rng.standard_normal(BCAST_N) * 0.1).astype(F32)
         model = _model([helper.make_node("Add", ["X", "B"], ["xb"]),
@@ -148,7 +150,7 @@ def build(kernel: str, n: int):
                        [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
         feeds = {"X": x.reshape(mn, BCAST_N), "B": b}
         code = E.encode_activation("gelu")
-        fn = lambda out: E.bias_act(x, b, out, code, F32(0), F32(0))  # noqa: E731
+        fn = lambda out: E.bias_act(x, b, out, code, F32(0), F32(0), pm)
     else:
         raise KeyError(kernel)
     nbytes = 4 * (sum(v.size for v in feeds.values()) + n)
@@ -183,13 +185,22 @@ def _par_copy(src, dst):
         dst[i] = src[i]
 
 
+@numba.njit(nogil=True, cache=True)
+def _copy(src, dst):
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
 def copy_bandwidth(n: int, reps: int = 15) -> dict:
-    """STREAM-like copy: GB/s = 2 * 4 * n bytes / time, best (median of reps) of numba prange and numpy."""
+    """STREAM-like copy: GB/s = 2 * 4 * n bytes / time (median of reps) of a serial numba loop, a
+    prange one and numpy's copyto; ``best`` is the highest."""
     src = np.random.default_rng(1).standard_normal(n).astype(F32)
     dst = np.empty_like(src)
     _par_copy(src, dst)
+    _copy(src, dst)
     res = {}
-    for name, fn in (("numba", lambda: _par_copy(src, dst)), ("numpy", lambda: np.copyto(dst, src))):
+    for name, fn in (("numba", lambda: _copy(src, dst)), ("numba_prange", lambda: _par_copy(src, dst)),
+                     ("numpy", lambda: np.copyto(dst, src))):
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter_ns()
@@ -205,7 +216,7 @@ def copy_bandwidth(n: int, reps: int = 15) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def bench_kernel(kernel: str, n: int, args, copy_gbs: float) -> dict:
-    model, feeds, fn, nbytes = build(kernel, n)
+    model, feeds, fn, nbytes = build(kernel, n, args.parallel_min)
     outs = {k: np.empty(n, F32) for k in ("ort", "ort_aa", "fused")}
     runners = {
         "ort": ort_runner(model, feeds, outs["ort"], not args.no_spin),
@@ -232,19 +243,16 @@ def threshold_table(kernels, sizes, args) -> list[dict]:
     rows = []
     for kernel in kernels:
         for n in sizes:
-            _, feeds, _, _ = build(kernel, n)
             x = np.random.default_rng(2).standard_normal(n).astype(F32)
             b = x[::-1].copy()
             out = np.empty(n, F32)
             if kernel == "add_relu":
-                def run(pm):
+                def run(pm, x=x, b=b, out=out):
                     return lambda: E.add_relu(x, b, out, pm)
             else:
-                k = E.UNARY_KERNELS[kernel]
-
-                def run(pm, k=k):
+                def run(pm, k=E.UNARY_KERNELS[kernel], x=x, out=out):
                     return lambda: k(x, out, pm)
-            runners = {"serial": run(1 << 62), "parallel": run(0)}
+            runners = {"serial": run(E.SERIAL), "parallel": run(0)}
             for r in runners.values():
                 r()
             lat = measure(runners, runs=args.runs, repeats=args.repeats, warmup=2)
@@ -271,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="idle sleep before every single run")
     ap.add_argument("--no-spin", action="store_true", help="ORT sessions with intra-op spinning off")
+    ap.add_argument("--parallel-min", type=int, default=E.PARALLEL_MIN,
+                    help="parallel_min passed to the kernels (default: eltwise.PARALLEL_MIN, serial)")
     ap.add_argument("--threshold", action="store_true", help="serial vs prange over sizes instead")
     ap.add_argument("--json", help="also write the rows as JSON to this path")
     args = ap.parse_args(argv)
@@ -278,7 +288,7 @@ def main(argv=None) -> int:
 
     env = {"numba": numba.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__,
            "numba_threads": numba.get_num_threads(), "threading_layer": None, "cpus": os.cpu_count(),
-           "parallel_min": E.PARALLEL_MIN}
+           "parallel_min": args.parallel_min, "loadavg_before": os.getloadavg()}
     if args.threshold:
         sizes = [1 << k for k in range(14, 23)]
         rows = threshold_table([k for k in kernels if k in E.UNARY_KERNELS or k == "add_relu"], sizes, args)
@@ -295,12 +305,16 @@ def main(argv=None) -> int:
                 print(f"  {kernel:15s} {_fmt_n(n):>5s}  ort {r['ort_ms']:8.3f} ms  fused {r['fused_ms']:8.3f} ms  "
                       f"fused/ort {r['fused_over_ort']:.2f}  A/A {r['aa_control']:.2f}", file=sys.stderr, flush=True)
         env["threading_layer"] = numba.threading_layer()
+        env["loadavg_after"] = os.getloadavg()
         result = {"env": env, "copy_gbs": {str(k): v for k, v in copy.items()}, "rows": rows}
-        print(f"numba {env['numba']} ({env['threading_layer']}, {env['numba_threads']} threads), onnxruntime "
-              f"{env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "
-              f"{args.repeats} repeats x {args.runs} interleaved runs, gap {args.gap_ms} ms")
+        pm = "serial" if args.parallel_min >= E.SERIAL else f"parallel from {args.parallel_min}"
+        print(f"numba {env['numba']} ({env['threading_layer']}, {env['numba_threads']} threads, kernels {pm}), "
+              f"onnxruntime {env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "
+              f"{args.repeats} repeats x {args.runs} interleaved runs, gap {args.gap_ms} ms; load average "
+              f"{env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} after")
         for n, c in copy.items():
-            print(f"copy bandwidth {_fmt_n(n)} floats: numba {c['numba']:.1f} GB/s, numpy {c['numpy']:.1f} GB/s")
+            print(f"copy bandwidth {_fmt_n(n)} floats: numba {c['numba']:.1f} GB/s, numba prange "
+                  f"{c['numba_prange']:.1f} GB/s, numpy {c['numpy']:.1f} GB/s")
         print()
         print("| kernel | n | ORT unfused ms | fused ms | fused/ORT | A/A | fused GB/s | % of copy |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")

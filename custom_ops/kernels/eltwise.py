@@ -10,12 +10,18 @@ Caller contract (the ORT ABI layer calls these from numba cfuncs):
   (then nothing is written). Zero-size tensors are fine.
 - Scalar parameters are float32 (pass ``np.float32`` values, or anything numba converts: the kernels
   cast them), activation codes are int64 (``encode_activation``).
-- All kernels are ``@njit(nogil=True, error_model="numpy", cache=True)``. Above ``parallel_min`` elements (default
-  ``PARALLEL_MIN``) the work is split into blocks of ``BLOCK`` elements over numba's threads (prange);
-  below it runs serially in the calling thread. Pass a huge ``parallel_min`` to force serial code (for
-  instance when ORT's own threads are busy), 0 to force the parallel path. Inside a cfunc the parallel
-  path needs numba's OpenMP or TBB threading layer (DESIGN.md §4: ``workqueue`` aborts on concurrent
-  use).
+- All kernels are ``@njit(nogil=True, error_model="numpy", cache=True)`` (numpy error model: a float
+  division by zero gives ±Inf/NaN like the reference, and no per-division check blocks vectorising).
+- From ``parallel_min`` elements on, the work is split into blocks of ``BLOCK`` elements over numba's
+  threads (prange); below it runs serially in the calling thread. The default ``PARALLEL_MIN`` is
+  ``SERIAL`` (never parallel): on the 2-core machine a parallel call stalls for 8-12 ms whenever the
+  other core is busy (see PARALLEL_MIN below); ``PARALLEL_MIN_IDLE`` (256K) is the measured crossover
+  when it is idle; 0 forces the parallel path. Inside a cfunc the parallel path needs numba's OpenMP
+  or TBB threading layer (DESIGN.md §4: ``workqueue`` aborts on concurrent use). Importing this module
+  starts numba's thread pool (a workaround for a numba cache bug, below).
+- numba's cache does not notice edits of ``custom_ops/vecmath.py``: the kernels here inline its
+  functions, so after changing vecmath delete this folder's ``__pycache__/*.nbi``/``*.nbc`` (or the
+  ``NUMBA_CACHE_DIR``), or the kernels keep the old math.
 
 Numerics match ``custom_ops/reference.py``:
 
@@ -60,8 +66,14 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
-
-from ortfuse.custom_ops.vecmath import always_inline, erf_f32, exp_f32, sigmoid_f32, tanh_f32
+from ortfuse.custom_ops.vecmath import (
+    always_inline,
+    erf_f32,
+    exp_f32,
+    prefer_512bit,
+    sigmoid_f32,
+    tanh_f32,
+)
 
 F32 = np.float32
 
@@ -75,9 +87,18 @@ numba.get_num_threads()
 OK = 0
 ERR_SIZE = -1
 
-# Elements below which kernels run serially (measured with tools/kernel_bench.py --threshold on the
-# 2-core machine of DESIGN.md: see the module notes in custom_ops/kernels/__init__.py).
-PARALLEL_MIN = 1 << 18
+# Parallel threshold (elements), measured with ``tools/kernel_bench.py --threshold`` on the 2-core
+# machine:
+# - with the second core idle, prange beats the serial loop from 64K elements (gelu: 0.55x the
+#   time) and from 256K (relu: 0.35x: two L2 caches);
+# - with the second core busy (another process; or ORT's intra-op threads, which spin after a run),
+#   every parallel call takes 8 or 12 ms whatever its size: the woken OpenMP thread waits for the
+#   4 ms scheduler tick (CONFIG_HZ=250) to get a core; OMP_WAIT_POLICY=active does not help.
+# A stall of 8 ms against a 40 us kernel is the worse risk, so the default is serial for every size;
+# a caller that knows a core is free passes ``parallel_min=PARALLEL_MIN_IDLE``.
+SERIAL = 1 << 62
+PARALLEL_MIN = SERIAL
+PARALLEL_MIN_IDLE = 1 << 18
 BLOCK = 1 << 15         # elements per parallel work item (128 KiB of float32)
 CHUNK = 2048            # elements per pass of a multi-step chain (8 KiB: stays in L1)
 
@@ -141,20 +162,20 @@ def decode_activation(code: int) -> str:
 def _relu1(v):
     always_inline()
     # np.where(x > 0, x, where(isnan(x), x, 0)): NaN stays, -0 -> +0
-    return v if (v > _ZERO or v != v) else _ZERO
+    return v if (v > _ZERO or v != v) else _ZERO  # noqa: PLR0124 - v != v: NaN
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _max1(v, lo):
     always_inline()
     # np.maximum: NaN in either operand gives NaN; ties give the second operand
-    return v if (v > lo or v != v) else lo
+    return v if (v > lo or v != v) else lo  # noqa: PLR0124
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _min1(v, hi):
     always_inline()
-    return v if (v < hi or v != v) else hi
+    return v if (v < hi or v != v) else hi  # noqa: PLR0124
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -211,9 +232,11 @@ def _loops(s, d, op, p0, p1, p2, p3):
         for i in range(n):
             d[i] = _relu1(s[i])
     elif op == OP_GELU:
+        prefer_512bit()
         for i in range(n):
             d[i] = _gelu1(s[i])
     elif op == OP_GELU_TANH:
+        prefer_512bit()
         for i in range(n):
             d[i] = _gelu_tanh1(s[i])
     elif op == OP_CLIP:
@@ -227,19 +250,24 @@ def _loops(s, d, op, p0, p1, p2, p3):
             v = s[i]
             d[i] = v * _hardsigmoid1(v, p0, p1)
     elif op == OP_SILU:
+        prefer_512bit()
         for i in range(n):
             v = s[i]
             d[i] = v * sigmoid_f32(v)
     elif op == OP_SIGMOID:
+        prefer_512bit()
         for i in range(n):
             d[i] = sigmoid_f32(s[i])
     elif op == OP_TANH:
+        prefer_512bit()
         for i in range(n):
             d[i] = tanh_f32(s[i])
     elif op == OP_EXP:
+        prefer_512bit()
         for i in range(n):
             d[i] = exp_f32(s[i])
     elif op == OP_ERF:
+        prefer_512bit()
         for i in range(n):
             d[i] = erf_f32(s[i])
     elif op == OP_HARDSWISH4:
@@ -261,9 +289,11 @@ def _loops_ip(d, op, p0, p1, p2, p3):
         for i in range(n):
             d[i] = _relu1(d[i])
     elif op == OP_GELU:
+        prefer_512bit()
         for i in range(n):
             d[i] = _gelu1(d[i])
     elif op == OP_GELU_TANH:
+        prefer_512bit()
         for i in range(n):
             d[i] = _gelu_tanh1(d[i])
     elif op == OP_CLIP:
@@ -277,19 +307,24 @@ def _loops_ip(d, op, p0, p1, p2, p3):
             v = d[i]
             d[i] = v * _hardsigmoid1(v, p0, p1)
     elif op == OP_SILU:
+        prefer_512bit()
         for i in range(n):
             v = d[i]
             d[i] = v * sigmoid_f32(v)
     elif op == OP_SIGMOID:
+        prefer_512bit()
         for i in range(n):
             d[i] = sigmoid_f32(d[i])
     elif op == OP_TANH:
+        prefer_512bit()
         for i in range(n):
             d[i] = tanh_f32(d[i])
     elif op == OP_EXP:
+        prefer_512bit()
         for i in range(n):
             d[i] = exp_f32(d[i])
     elif op == OP_ERF:
+        prefer_512bit()
         for i in range(n):
             d[i] = erf_f32(d[i])
     elif op == OP_HARDSWISH4:
