@@ -18,8 +18,9 @@ every other equally often), warm-up first, the whole comparison repeated (defaul
 control ratio of the same run. ORT's idle worker threads spin and take a core from whichever session
 runs next, so by default every session is created with spinning off (the choice and the measurements
 behind it are in ``SPINNING_EVIDENCE``); ``--spinning on`` and ``--gap-ms`` change that, for all
-sessions alike. Peak memory is measured per configuration in a child process
-(``ortfuse.bench_memory``), where it can be attributed to one session.
+sessions alike; OpenMP and OpenBLAS threads (behind ortfuse's kernels) are told not to spin either
+(``QUIET_THREADS_ENV``, set by re-running the bench in a child process). Peak memory is measured per
+configuration in a child process (``ortfuse.bench_memory``), where it can be attributed to one session.
 """
 
 from __future__ import annotations
@@ -84,6 +85,18 @@ DEFAULT_SPINNING = False
 DEFAULT_GAP_MS = 0.0
 MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
 
+# Thread pools outside ORT (numpy's OpenBLAS behind the reference kernels, numba's OpenMP layer behind
+# the native ones) also spin after each call and slow whichever session runs next: on resnet50 b=1
+# the two runs after an ortfuse_numba run took 41 ms against 30.5 ms for the others. These variables
+# make them sleep at once, as ORT's threads do with spinning off. They are read when the libraries load,
+# so ``run`` re-executes the bench in a child process that has them (``--quiet-threads off`` does not).
+QUIET_THREADS_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OPENBLAS_THREAD_TIMEOUT": "4"}
+_CHILD_FLAG = "ORTFUSE_BENCH_CHILD"
+
+
+def quiet_threads_active() -> bool:
+    return all(os.environ.get(k) == v for k, v in QUIET_THREADS_ENV.items())
+
 # Why spinning is off and the round orders vary (measured 2026-12-02 on this project's shared 2-core VM,
 # Intel Xeon with AVX-512, while other sessions' test runs kept the load average at 3-10). Five stock
 # sessions in the bench's slots: ORT_DISABLE_ALL + ort_enable_all + two identical copies + the control
@@ -116,7 +129,12 @@ spinning off, 10 runs x 5 repeats, three alternating cycles, A/A = ort_enable_al
   rotated by one slot      A/A 1.287, 1.094, 1.169   ortfuse_auto 1.083, 1.044, 1.037 (same neighbours)
   Williams design rounds   A/A 0.976, 0.977, 1.071   ortfuse_auto 0.977, 0.992, 1.026
 so the rounds follow a Williams design: every configuration in every slot and next to every other
-configuration equally often."""
+configuration equally often. That balances the immediate neighbour only; the slowdown after an
+ortfuse_numba run lasted two runs (runs 1-2 after it: median 41 ms; later: 30.5 ms), the signature of
+numpy's OpenBLAS threads spinning after the reference kernels. With QUIET_THREADS_ENV the runs right
+after it were no slower (61-68 ms at every distance, machine busier), and the two stock-equivalent
+sessions came out at 1.003 (A/A) and 1.009 (ortfuse_auto) of the baseline. Stock ORT does not use those
+libraries: its latency was the same with and without the variables (62-78 ms either way, same minute)."""
 
 
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0):
@@ -401,6 +419,8 @@ def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory,
         "intra_op_num_threads": threads or "ORT default",
         "memory": memory,
         "gc": "Python garbage collection paused while timing",
+        "quiet_threads": quiet_threads_active(),
+        "quiet_threads_env": QUIET_THREADS_ENV if quiet_threads_active() else {},
     }
 
 
@@ -651,7 +671,14 @@ def header(doc: dict) -> str:
         "off": "memory not measured",
     }[prot["memory"]]
     v = env["versions"]
-    line2 = f"threads: {spin}, {gap}, intra_op_num_threads={prot['intra_op_num_threads']}; memory: {mem}"
+    others = (
+        "OpenMP/OpenBLAS threads told not to spin (" + " ".join(f"{k}={v}" for k, v in QUIET_THREADS_ENV.items()) + ")"
+        if prot.get("quiet_threads")
+        else "OpenMP/OpenBLAS threads as configured by the environment"
+    )
+    line2 = (
+        f"threads: {spin}, {gap}, intra_op_num_threads={prot['intra_op_num_threads']}; {others}; memory: {mem}"
+    )
     line3 = (
         f"versions: ortfuse {v['ortfuse']}, onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numba {v['numba']}, "
         f"numpy {v['numpy']}, python {env['python']}; {env['date']}"
@@ -853,9 +880,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="OUT.json", help="write raw latencies, environment and summary")
     parser.add_argument("--plot", metavar="OUT.png", help="write latency histograms (needs matplotlib)")
     parser.add_argument("--progress", type=_on_off, default=None, metavar="on|off", help="progress bar on stderr (default: when stderr is a terminal)")
+    parser.add_argument("--quiet-threads", type=_on_off, default=True, metavar="on|off", help="run the bench in a child process with " + " ".join(f"{k}={v}" for k, v in QUIET_THREADS_ENV.items()) + " so that OpenMP/BLAS threads do not spin (default on)")
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The command line that reproduces ``args`` (for the re-executed child)."""
+    argv = list(args.models) + ["--batch", ",".join(map(str, args.batch))]
+    if args.runs is not None:
+        argv += ["--runs", str(args.runs)]
+    argv += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--configs", ",".join(args.configs)]
+    argv += ["--spinning", "on" if args.spinning else "off", "--gap-ms", repr(args.gap_ms), "--threads", str(args.threads)]
+    argv += ["--memory", args.memory, "--seed", str(args.seed), "--quiet-threads", "off"]
+    if args.json:
+        argv += ["--json", args.json]
+    if args.plot:
+        argv += ["--plot", args.plot]
+    if args.progress is not None:
+        argv += ["--progress", "on" if args.progress else "off"]
+    return argv
+
+
+def _run_in_quiet_child(args: argparse.Namespace) -> int:
+    import subprocess
+
+    env = dict(os.environ, **QUIET_THREADS_ENV)
+    env[_CHILD_FLAG] = "1"
+    proc = subprocess.run([sys.executable, "-m", "ortfuse.bench", *_argv(args)], env=env, check=False)
+    return proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ortfuse.bench ...``: the same as ``ortfuse bench ...``."""
+    parser = argparse.ArgumentParser(prog="ortfuse bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "quiet_threads", False) and not quiet_threads_active() and os.environ.get(_CHILD_FLAG) != "1":
+        return _run_in_quiet_child(args)
     if args.plot:
         from ortfuse.bench_plot import require_matplotlib
 
@@ -894,3 +957,7 @@ def run(args: argparse.Namespace) -> int:
         plot(doc, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,7 +57,11 @@ def plot(doc: dict, path: str) -> None:
             sub = f"p50 {row['p50_ms']:.3g} ms" + (f", x{ratio:.3f}" if ratio is not None else "")
             ax.set_title(f"{name}\n{sub}", fontsize=8)
             if log:
-                from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+                from matplotlib.ticker import (
+                    FormatStrFormatter,
+                    LogLocator,
+                    NullFormatter,
+                )
 
                 ax.set_xscale("log")
                 ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))

@@ -271,6 +271,7 @@ def test_cli_writes_json(tiny_model, tmp_path):
     first = proc.stdout.splitlines()[0]
     assert first.startswith("ortfuse bench | machine:") and "protocol:" in first
     data = json.loads(out.read_text())
+    assert data["protocol"]["quiet_threads"] is True  # re-executed with OpenMP/BLAS spinning off
     res = data["results"][0]
     assert set(res["configs"]) == set(bench.DEFAULT_CONFIGS)
     for row in res["configs"].values():
@@ -278,6 +279,18 @@ def test_cli_writes_json(tiny_model, tmp_path):
         mem = row["memory"]
         assert "error" not in mem, mem
         assert mem["peak_delta_mb"] >= 0
+
+
+def test_child_command_line_reproduces_the_arguments():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    argv = ["m.onnx", "resnet50", "--batch", "1,64", "--runs", "7", "--configs", "ortfuse_auto,ort_enable_all"]
+    argv += ["--gap-ms", "2.5", "--json", "o.json", "--plot", "p.png", "--spinning", "on", "--progress", "off"]
+    args = parser.parse_args(argv)
+    again = parser.parse_args(bench._argv(args))
+    assert vars(again) == {**vars(args), "quiet_threads": False}
 
 
 def test_cli_bad_model_exits_2(tmp_path):
