@@ -124,10 +124,16 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         if not request.enabled:
             return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT")
     patterns = explicit if explicit is not None else validate_patterns(request.patterns)
+    stale = request.digest is not None and request.digest != metadata.graph_digest(model)
+    if stale:  # the graph changed after annotation: matching runs on the graph as it is now
+        warnings.warn("ortfuse: the model's fusion annotation was written for another graph "
+                      "(ortfuse_graph_digest differs); its patterns are matched again on this graph", stacklevel=3)
     why_not = _resolve_external_data(model, source)
     if why_not:
         return None, FusionReport(reason=why_not, patterns=list(patterns), stepped_aside=True)
     fused, report = fuse(model, patterns, kernels)
+    if stale:
+        report.notes.append("stale annotation: ortfuse_graph_digest does not match this graph; matched again")
     if not report.applied:
         return None, report
     auto = fusion == "auto" or (fusion is None and request.auto and explicit is None)

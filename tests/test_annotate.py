@@ -101,3 +101,19 @@ def test_console_scripts_and_report_command(ffn_path):
     table = subprocess.run(["ortfuse-annotate", str(ffn_path), "--pattern", "add_relu"],
                            capture_output=True, text=True, check=True).stdout
     assert "add_relu" in table and "wrote" in table
+
+
+def test_stale_annotation_warns_and_is_matched_again(ffn_path, tmp_path):
+    """An annotated model whose graph was edited afterwards: warn, match the graph as it is now."""
+    assert annotate_main([str(ffn_path), "--pattern", "add_relu"]) == 0
+    model = onnx.load(str(ffn_path))
+    relu = next(n for n in model.graph.node if n.name == "relu_out")
+    relu.op_type = "Sigmoid"  # the residual Add no longer ends in Relu
+    edited = tmp_path / "edited.onnx"
+    onnx.save(model, str(edited))
+    with pytest.warns(UserWarning, match="annotation was written for another graph"):
+        session = ortfuse.InferenceSession(str(edited))
+    assert session.fusion_report.counts() == {}
+    assert any("stale annotation" in n for n in session.fusion_report.notes)
+    feeds = ffn_inputs()
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(edited, feeds), rtol=1e-6, atol=1e-6)
