@@ -85,3 +85,63 @@ def graph_digest(model: onnx.ModelProto) -> str:
     Model-level metadata is not part of it, so annotating a model does not change its digest.
     """
     return hashlib.sha256(model.graph.SerializeToString(deterministic=True)).hexdigest()[:16]
+
+
+_METADATA_PROPS_FIELD = 14  # ModelProto.metadata_props (repeated StringStringEntryProto)
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, value) of the length-delimited and varint fields of one protobuf message;
+    length-delimited values are (offset, length) pairs, so large fields (the graph) are skipped."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield number, value
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            if pos + length > end:
+                raise ValueError("truncated field")
+            yield number, (pos, length)
+            pos += length
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    if pos != end:
+        raise ValueError("truncated message")
+
+
+def scan_props(data) -> dict[str, str] | None:
+    """The model-level metadata of serialized ``ModelProto`` bytes (or an mmap) without parsing the
+    graph; None when the bytes are not a well-formed message (the caller then parses normally)."""
+    try:
+        props = {}
+        for number, value in _fields(data, 0, len(data)):
+            if number != _METADATA_PROPS_FIELD or not isinstance(value, tuple):
+                continue
+            entry: dict[int, str] = {}
+            for k, v in _fields(data, value[0], value[0] + value[1]):
+                if isinstance(v, tuple):
+                    entry[k] = bytes(data[v[0]:v[0] + v[1]]).decode("utf-8")
+            props[entry.get(1, "")] = entry.get(2, "")
+        return props
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None

@@ -15,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -81,6 +82,17 @@ def _load_for_fusion(source: str | bytes, sess_options) -> tuple[onnx.ModelProto
         return None, f"onnx could not parse the model bytes ({type(exc).__name__}); ORT loads them unchanged"
 
 
+def _scan_props(source: str | bytes) -> dict[str, str] | None:
+    """Model metadata read straight from the serialized bytes (mmap for files), or None."""
+    if isinstance(source, bytes):
+        return metadata.scan_props(source)
+    try:
+        with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return metadata.scan_props(data)
+    except (OSError, ValueError):
+        return None
+
+
 def _has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
@@ -110,6 +122,10 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
     why_not = _options_forbid_fusion(sess_options)
     if why_not:
         return None, FusionReport(reason=why_not, stepped_aside=True)
+    if fusion is None:  # read only the metadata first: an unannotated model is not parsed at all
+        props = _scan_props(source)
+        if props is not None and metadata.FUSION_ENABLED not in props:
+            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.

@@ -394,3 +394,28 @@ def test_saving_the_optimized_model_steps_aside(tmp_path):
     ours = ortfuse.InferenceSession(ffn_matmul_add_relu(), so, fusion=True)
     assert not ours.fusion_report.applied and "optimized_model_filepath" in ours.fusion_report.reason
     onnxruntime.InferenceSession(str(tmp_path / "opt.onnx")).run(None, ffn_inputs())
+
+
+def test_unannotated_model_is_not_parsed(monkeypatch, tmp_path):
+    """fusion=None reads the metadata straight from the bytes; the graph is never parsed by onnx."""
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(ffn_matmul_add_relu().SerializeToString())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("onnx parsed an unannotated model")
+
+    monkeypatch.setattr(onnx, "load", refuse)
+    monkeypatch.setattr(onnx, "load_from_string", refuse)
+    for source in (str(path), path.read_bytes()):
+        session = ortfuse.InferenceSession(source)
+        assert "no fusion metadata" in session.fusion_report.reason
+
+
+def test_metadata_scan_equals_onnx_parse():
+    from ortfuse import metadata
+
+    model = annotated(ffn_matmul_add_relu(), patterns="add_relu")
+    assert metadata.scan_props(model.SerializeToString()) == metadata.read_props(model)
+    assert metadata.scan_props(b"\x08\x07garbage-not-onnx") is None
