@@ -7,6 +7,10 @@ Each op has:
   for faster kernels (e.g. vectorised float32 math): replace the function or its import *in this
   file*. Do not monkeypatch them at run time: compiled code is cached on disk and stamped with this
   package's source files, so only a source change recompiles the callers.
+  The math is the vectorised float32 math of ``kernels/eltwise.py`` (its element functions, built on
+  ``vecmath``), inlined into loops over slices that start at index 0 so that LLVM vectorises them;
+  spans use ``error_model="numpy"`` (no zero-division branch to block vectorising, and a division
+  by zero gives +-Inf/NaN like the reference). They stay serial: the blocks are the parallelism.
 * a *worker* ``(args, block) -> None``, compiled as a ``void(void*, size_t)`` cfunc: unpacks the
   args block the compute filled and runs the span kernel on one block.
 * a *compute* ``(kernel, ctx) -> OrtStatus*``, shared by an op family (``_compute_unary``,
@@ -23,11 +27,8 @@ message naming the accepted tokens.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import carray, njit
-
 from ortfuse.custom_ops import abi
 from ortfuse.custom_ops.abi import (
     cstr,
@@ -39,6 +40,7 @@ from ortfuse.custom_ops.abi import (
     stack_bytes,
     store_i64,
 )
+from ortfuse.custom_ops.kernels.eltwise import _clip1, _gelu1, _gelu_tanh1, _relu1
 from ortfuse.custom_ops.native import (
     DIMS_BYTES,
     MAX_RANK,
@@ -57,6 +59,7 @@ from ortfuse.custom_ops.native import (
     slot_f32,
     slot_i64,
 )
+from ortfuse.custom_ops.vecmath import prefer_512bit, sigmoid_f32
 
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
 # stack buffer sizes (stack_bytes needs module constants, not expressions)
@@ -186,7 +189,7 @@ def row_offsets(plan, m, row):
 # --------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(nogil=True, error_model="numpy", cache=True)
 def add_relu_span(a, b, o, oa, sa, ob, sb, oo, n):
     """o[oo:oo+n] = relu(a[oa + i*sa] + b[ob + i*sb]) with strides 0 or 1; NaN propagates, -0 -> 0.
 
@@ -323,28 +326,27 @@ def _add_relu_worker(args, block):
 # --------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(nogil=True, error_model="numpy", cache=True)
 def hardswish_span(x, y, s, e, add, lo, hi, div):
-    """y = x * (clip(x + add, lo, hi) / div) in float32; NaN propagates like np.maximum/np.minimum."""
+    """y = x * (clip(x + add, lo, hi) / div) in float32; clip as np.minimum(np.maximum(.)): NaN in the
+    value or a bound gives NaN, ties give the bound (eltwise.hardswish, bit-identical to the reference)."""
     xs = x[s:e]
     ys = y[s:e]
     for i in range(xs.shape[0]):
         v = xs[i]
-        t = v + add
-        t = lo if t < lo else t  # noqa: FURB136 - NaN must stay NaN, as np.maximum keeps it
-        t = hi if t > hi else t  # noqa: FURB136
-        ys[i] = v * (t / div)
+        ys[i] = v * (_clip1(v + add, lo, hi) / div)
 
 
-@njit(cache=True)
+@njit(nogil=True, error_model="numpy", cache=True)
 def silu_span(x, y, s, e):
-    """y = x * sigmoid(x) = x * (1 / (1 + exp(-x))) in float32."""
-    one = np.float32(1)
+    """y = x * sigmoid(x) in float32 with vecmath's sigmoid_f32 (as eltwise.silu: a few ulp from the
+    reference's 1 / (1 + exp(-x)); subnormal sigmoid results below x = -87.3 are kept)."""
+    prefer_512bit()
     xs = x[s:e]
     ys = y[s:e]
     for i in range(xs.shape[0]):
         v = xs[i]
-        ys[i] = v * (one / (one + np.exp(-v)))
+        ys[i] = v * sigmoid_f32(v)
 
 
 # args block of the unary family (int64 words)
@@ -420,50 +422,29 @@ _T_GEMM_B = cstr("B must have shape [N] with N = W's last dim; got W ")
 _T_W = cstr(" and W ")
 _T_B = cstr(" and B ")
 
-SQRT_HALF = 0.7071067811865476
-SQRT_2_OVER_PI = 0.7978845608028654
 
-
-@njit(cache=True)
-def erf_f64(x):
-    """erf as in reference.erf (Numerical Recipes erfc fit, |error| < 1.2e-7), in float64."""
-    z = abs(x)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
-    r = 1.0 - t * math.exp(poly)
-    if math.isnan(x) or x == 0:
-        return x  # NaN stays NaN; erf(+-0) = +-0 as np.sign gives in the reference
-    return r if x > 0 else -r
-
-
-@njit(cache=True)
+@njit(nogil=True, error_model="numpy", cache=True)
 def activation_span(y, s, e, codes, steps):
-    """Apply the activation steps (codes of GEMM_ACTIVATIONS) to y[s:e] in place, as reference.activation."""
-    zero = np.float32(0)
-    half = np.float32(0.5)
-    one = np.float32(1)
+    """Apply the activation steps (codes of GEMM_ACTIVATIONS) to y[s:e] in place, as reference.activation,
+    with eltwise's element functions (gelu, gelu_tanh, silu through vecmath: a few ulp from the
+    reference; relu exact). One vectorised loop per step, the switch outside the loops."""
+    prefer_512bit()
     ys = y[s:e]
     for k in range(steps):
         c = codes[k]
         if c == ACT_RELU:
             for i in range(ys.shape[0]):
-                v = ys[i]
-                ys[i] = zero if v <= zero else v  # noqa: FURB136 - max() would turn NaN into 0
+                ys[i] = _relu1(ys[i])
         elif c == ACT_GELU:
             for i in range(ys.shape[0]):
-                v = ys[i]
-                ev = np.float32(erf_f64(np.float64(v / np.float32(math.sqrt(2.0)))))
-                ys[i] = half * v * (one + ev)
+                ys[i] = _gelu1(ys[i])
         elif c == ACT_GELU_TANH:
             for i in range(ys.shape[0]):
-                v = ys[i]
-                inner = np.float32(SQRT_2_OVER_PI) * (v + np.float32(0.044715) * v * v * v)
-                ys[i] = half * v * (one + np.tanh(inner))
+                ys[i] = _gelu_tanh1(ys[i])
         elif c == ACT_SILU:
             for i in range(ys.shape[0]):
                 v = ys[i]
-                ys[i] = v * (one / (one + np.exp(-v)))
+                ys[i] = v * sigmoid_f32(v)
 
 
 GEMM_NB = 512   # output columns per block
@@ -491,8 +472,9 @@ def gemm_rows(x, w, b, y, m0, m1, k, n, codes, steps):
                     wr = w[p * n + j0:p * n + j1]
                     for j in range(width):
                         yr[j] += xv * wr[j]
-    for i in range(m0, m1):
-        activation_span(y, i * n, (i + 1) * n, codes, steps)
+        if steps > 0:  # epilogue on this column block while it is still in cache
+            for i in range(m0, m1):
+                activation_span(y, i * n + j0, i * n + j1, codes, steps)
 
 
 # args block of FusedGemmAct (int64 words)
