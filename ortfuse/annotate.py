@@ -45,7 +45,8 @@ def save(model: onnx.ModelProto, path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ortfuse-annotate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ortfuse-annotate",
+                                description="Write the fusion metadata into a model, or with --rewrite save it fused.")
     p.add_argument("model", help="path of the .onnx model")
     p.add_argument("--pattern", action="append", dest="patterns", metavar="ID",
                    help=f"pattern id to enable (repeatable); one of: {', '.join(PATTERN_IDS)}")

@@ -62,6 +62,26 @@ def _options_forbid_fusion(sess_options) -> str:
     return ""
 
 
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def _provider_problem(providers, sess_options) -> str:
+    """Why fused CPU ops would pull work off an accelerator: the first requested provider that is
+    available is not the CPU one (an unavailable one is skipped by ORT, which then runs on CPU)."""
+    if sess_options is not None and hasattr(sess_options, "has_providers") and sess_options.has_providers():
+        return "the SessionOptions select execution providers by device; fused CPU ops could displace them"
+    available = set(_ort.get_available_providers())
+    for entry in providers or ():
+        name = entry[0] if isinstance(entry, tuple) else entry
+        if name in available:
+            if name == CPU_PROVIDER:
+                return ""
+            if name == "AzureExecutionProvider":  # runs remote models only; local nodes stay on CPU
+                continue
+            return f"the first available provider is {name}; fused CPU ops would pull its nodes onto the CPU"
+    return ""
+
+
 def _valid_fusion_value(fusion) -> bool:
     return fusion is None or fusion is True or fusion is False or fusion == "auto"
 
@@ -214,7 +234,10 @@ class InferenceSession(_ort.InferenceSession):
         self._ortfuse_disabled_optimizers: set[str] = set()
         source = path_or_bytes
         plan = None
-        if isinstance(path_or_bytes, (str, bytes)):
+        provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
+        if provider_problem:
+            self.fusion_report = FusionReport(reason=provider_problem, stepped_aside=True)
+        elif isinstance(path_or_bytes, (str, bytes)):
             plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns)
         else:  # ORT raises its own TypeError for this input
             self.fusion_report = FusionReport(reason=f"unsupported input type {type(path_or_bytes).__name__}")
