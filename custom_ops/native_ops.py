@@ -165,7 +165,8 @@ def broadcast_error(api, slot, da, ra, db, rb):
     n = msg_put(buf, MSG_CAP, n, _T_AND)
     n = msg_put_dims(buf, MSG_CAP, n, db, rb)
     n = msg_put(buf, MSG_CAP, n, _T_NO_BROADCAST2)
-    return msg_status(api, abi.ORT_INVALID_ARGUMENT, buf, n)
+    # ORT_FAIL, as stock ORT's Add reports a broadcast mismatch (ORT_ENFORCE): same exception type
+    return msg_status(api, abi.ORT_FAIL, buf, n)
 
 
 @njit(cache=True)
@@ -504,6 +505,8 @@ def _gemm_shape_error(api, kernel, text, da, ra, other_text, db, rb):
     n = msg_put_dims(buf, MSG_CAP, n, da, ra)
     n = msg_put(buf, MSG_CAP, n, other_text)
     n = msg_put_dims(buf, MSG_CAP, n, db, rb)
+    # INVALID_ARGUMENT, as stock ORT's (Fused)Gemm reports a K mismatch at the default optimization
+    # level, where it fuses MatMul+Add(+act) itself: the same exception type reaches Python
     return msg_status(api, abi.ORT_INVALID_ARGUMENT, buf, n)
 
 
