@@ -11,14 +11,28 @@ import onnxruntime as _ort
 
 # Re-export the whole public onnxruntime namespace first, so that ours overrides it below.
 for _name in dir(_ort):
-    if not _name.startswith("_"):
+    if not _name.startswith("_") and _name != "backend":
         globals()[_name] = getattr(_ort, _name)
 del _name
 
 __version__ = "0.1.0"
 
 from ortfuse.report import FusionReport  # noqa: E402
-from ortfuse.rewrite import fuse  # noqa: E402
 from ortfuse.session import InferenceSession  # noqa: E402
 
-from ortfuse import backend  # noqa: E402,F401  (ortfuse.backend mirrors onnxruntime.backend)
+
+def __getattr__(name: str):
+    """``fuse`` and ``backend`` load onnx (~0.6 s), so they are imported on first use."""
+    if name == "fuse":
+        from ortfuse.rewrite import fuse
+
+        return fuse
+    if name == "backend":
+        import importlib
+
+        return importlib.import_module("ortfuse.backend")
+    raise AttributeError(f"module 'ortfuse' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"fuse", "backend"})

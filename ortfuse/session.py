@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import onnx
 import onnxruntime as _ort
 
 from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.report import DISABLED, FUSED, FusionReport
-from ortfuse.rewrite import fuse, is_rewritten, native_op_types, report_of_rewritten
+
+if TYPE_CHECKING:
+    import onnx
+
+# onnx and the rewriter are imported on first use: a session that only follows metadata (an
+# unannotated model) never needs them, and `import ortfuse` stays as cheap as `import onnxruntime`.
 
 _PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB
 
@@ -88,6 +94,8 @@ def _valid_fusion_value(fusion) -> bool:
 
 def _load_for_fusion(source: str | bytes, sess_options) -> tuple[onnx.ModelProto | None, str]:
     """Parse the model without its external data; return (model, "") or (None, reason to step aside)."""
+    import onnx
+
     if isinstance(source, str):
         fmt = _config_entry(sess_options, "session.load_model_format")
         if source.lower().endswith(".ort") or fmt.upper() == "ORT":
@@ -114,11 +122,15 @@ def _scan_props(source: str | bytes) -> dict[str, str] | None:
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
+    import onnx
+
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _resolve_external_data(model: onnx.ModelProto, source: str | bytes) -> str:
     """Load external initializers into ``model``; return "" or the reason fusion must step aside."""
+    import onnx
+
     if not _has_external_data(model):
         return ""
     if not isinstance(source, str):
@@ -146,6 +158,8 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         props = _scan_props(source)
         if props is not None and metadata.FUSION_ENABLED not in props:
             return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
+    from ortfuse.rewrite import fuse, is_rewritten, native_op_types, report_of_rewritten
+
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.
@@ -226,7 +240,8 @@ class InferenceSession(_ort.InferenceSession):
     ) -> None:
         if not _valid_fusion_value(fusion):
             raise ValueError(f"fusion must be None, False, True or 'auto', got {fusion!r}.")
-        if isinstance(path_or_bytes, onnx.ModelProto):
+        onnx = sys.modules.get("onnx")  # a ModelProto argument means onnx is imported already
+        if onnx is not None and isinstance(path_or_bytes, onnx.ModelProto):
             path_or_bytes = path_or_bytes.SerializeToString()
         elif isinstance(path_or_bytes, os.PathLike):
             path_or_bytes = os.fspath(path_or_bytes)

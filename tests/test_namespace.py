@@ -27,3 +27,19 @@ def test_own_names_are_ortfuse_objects():
     assert ortfuse.backend.__name__ == "ortfuse.backend"
     for fn in ("prepare", "run_model", "run_node", "supports_device", "is_compatible"):
         assert callable(getattr(ortfuse.backend, fn)), fn
+
+
+def test_import_and_unannotated_sessions_do_not_load_onnx(tmp_path):
+    """`import ortfuse` costs what `import onnxruntime` costs: onnx (~0.6 s) loads only when a model
+    must be parsed, never for an unannotated model with fusion=None."""
+    import subprocess
+    import sys
+
+    from model_fixtures import ffn_matmul_add_relu
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(ffn_matmul_add_relu().SerializeToString())
+    code = ("import sys, ortfuse; assert 'onnx' not in sys.modules, 'import';"
+            f"s = ortfuse.InferenceSession({str(path)!r}); assert 'onnx' not in sys.modules, 'session';"
+            "ortfuse.backend; assert 'onnx' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
