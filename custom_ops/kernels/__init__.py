@@ -24,3 +24,7 @@ Measured facts behind the kernels (numba 0.68.1 / llvmlite 0.50, the 2-core AVX-
   that loaded the callee from the cache, segfaults when itself loaded from the cache (the thread pool
   is never started: calls through a NULL pointer). ``eltwise`` starts the pool at import.
 """
+
+# Install the package's numba cache locator (user cache folder, stamped from the package sources)
+# before any kernel here is compiled, so no cache lands beside the sources (read-only site-packages).
+from ortfuse.custom_ops import abi as _abi  # noqa: E402,F401
