@@ -9,8 +9,11 @@ Contract:
   (ORT keeps it in ``_model_bytes``), and ORT transformers that would undo an owned pattern are
   disabled by name on every (re)creation.
 - Whenever ortfuse cannot fuse safely (unreadable model, ORT format, external data it cannot load,
-  initializers supplied through SessionOptions, nothing matched), it steps aside and ORT gets the
-  original input: never an error where ORT succeeds. ``fusion_report`` says what happened and why.
+  initializers supplied through SessionOptions, an available accelerator provider first, options
+  that record node placement or save the optimized model, nothing matched), it steps aside and ORT
+  gets the original input: never an error where ORT succeeds. ``fusion_report`` says what happened.
+- Fused ops run native kernels where the registry has one for this CPU, else the numpy reference;
+  if the native path cannot be registered, the reference is used with one warning.
 """
 
 from __future__ import annotations
