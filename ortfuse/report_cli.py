@@ -18,7 +18,13 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     try:
-        _, report = fuse(onnx.load(args.model), args.patterns)
+        model = onnx.load(args.model)
+    except Exception as exc:
+        print(f"ortfuse report: cannot read {args.model!r} as an ONNX model ({type(exc).__name__}: {exc}).",
+              file=sys.stderr)
+        return 2
+    try:
+        _, report = fuse(model, args.patterns)
     except UnknownPatternError as exc:
         print(f"ortfuse report: {exc}", file=sys.stderr)
         return 2

@@ -75,7 +75,8 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
     ix = GraphIndex(out)
     if ix.opset < MIN_OPSET:
         # ORT lacks kernels for some ops below opset 7; fusing them away would run what ORT refuses.
-        report.reason = f"model opset {ix.opset} is below {MIN_OPSET}, the oldest ORT supports; left as ORT runs it"
+        report.reason = (f"model opset {ix.opset} is below {MIN_OPSET}, the oldest ORT supports; left as ORT runs it"
+                         if ix.opset else "the model imports no ai.onnx opset; left as ORT runs it")
         return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")

@@ -117,3 +117,16 @@ def test_stale_annotation_warns_and_is_matched_again(ffn_path, tmp_path):
     assert any("stale annotation" in n for n in session.fusion_report.notes)
     feeds = ffn_inputs()
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(edited, feeds), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not a model"])
+def test_report_command_bad_model_is_one_clear_line(tmp_path, content):
+    path = tmp_path / "bad.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "ortfuse", "report", str(path)], capture_output=True, text=True)
+    if content == b"":  # an empty file parses as an empty ModelProto: nothing to fuse, no crash
+        assert result.returncode == 0 and "imports no ai.onnx opset" in result.stdout
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("ortfuse report: cannot read")
