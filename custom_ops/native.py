@@ -312,6 +312,15 @@ def check_float_input(api, slot, index, elem, rank):
 
 
 @njit(cache=True)
+def read_float_input(api, ctx, slot, index, dims_addr):
+    """``read_input`` then ``check_float_input``: (status, data address, rank) of a float32 input."""
+    st, data, elem, rank = read_input(api, ctx, index, dims_addr)
+    if st == 0:
+        st = check_float_input(api, slot, index, elem, rank)
+    return st, data, rank
+
+
+@njit(cache=True)
 def make_output(api, ctx, index, dims_addr, rank):
     """Allocate output ``index`` with the given dims: returns (status, data address)."""
     tmp = stack_bytes(16)
@@ -716,7 +725,9 @@ def _load_add_external():
 
 def unavailable_reason() -> str | None:
     """Why the native path cannot be used in this process, or None when it can."""
-    if os.environ.get("ORTFUSE_NATIVE", "1").strip().lower() in ("0", "false", "off", "no"):
+    from ortfuse.custom_ops.registration import native_disabled_by_env
+
+    if native_disabled_by_env():
         return "disabled by ORTFUSE_NATIVE"
     reason = _platform_reason()
     if reason:

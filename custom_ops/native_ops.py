@@ -47,12 +47,12 @@ from ortfuse.custom_ops.native import (
     MSG_CAP,
     AttrDef,
     NativeOpDef,
-    check_float_input,
     check_input_count,
     element_count,
     fail,
     make_output,
     msg_begin,
+    read_float_input,
     read_input,
     run_blocks,
     slot_api,
@@ -251,16 +251,10 @@ def _compute_binary(kernel, ctx):
     db = dims + DIMS_BYTES
     do = dims + 2 * DIMS_BYTES
     plan = dims + 3 * DIMS_BYTES
-    st, pa, ea, ra = read_input(api, ctx, 0, da)
+    st, pa, ra = read_float_input(api, ctx, kernel, 0, da)
     if st != 0:
         return st
-    st = check_float_input(api, kernel, 0, ea, ra)
-    if st != 0:
-        return st
-    st, pb, eb, rb = read_input(api, ctx, 1, db)
-    if st != 0:
-        return st
-    st = check_float_input(api, kernel, 1, eb, rb)
+    st, pb, rb = read_float_input(api, ctx, kernel, 1, db)
     if st != 0:
         return st
     ro = broadcast_dims(da, ra, db, rb, do)
@@ -362,10 +356,7 @@ def _compute_unary(kernel, ctx):
     if st != 0:
         return st
     dims = stack_bytes(DIMS_BYTES)
-    st, px, ex, rx = read_input(api, ctx, 0, dims)
-    if st != 0:
-        return st
-    st = check_float_input(api, kernel, 0, ex, rx)
+    st, px, rx = read_float_input(api, ctx, kernel, 0, dims)
     if st != 0:
         return st
     st, py = make_output(api, ctx, 0, dims, rx)
@@ -520,22 +511,13 @@ def _compute_gemm_act(kernel, ctx):
     dw = dims + 8 * MAX_RANK
     dbb = dims + 16 * MAX_RANK
     dy = dims + 24 * MAX_RANK
-    st, px, ex, rx = read_input(api, ctx, 0, dx)
+    st, px, rx = read_float_input(api, ctx, kernel, 0, dx)
     if st != 0:
         return st
-    st = check_float_input(api, kernel, 0, ex, rx)
+    st, pw, rw = read_float_input(api, ctx, kernel, 1, dw)
     if st != 0:
         return st
-    st, pw, ew, rw = read_input(api, ctx, 1, dw)
-    if st != 0:
-        return st
-    st = check_float_input(api, kernel, 1, ew, rw)
-    if st != 0:
-        return st
-    st, pb, eb, rb = read_input(api, ctx, 2, dbb)
-    if st != 0:
-        return st
-    st = check_float_input(api, kernel, 2, eb, rb)
+    st, pb, rb = read_float_input(api, ctx, kernel, 2, dbb)
     if st != 0:
         return st
     if rx < 1:
