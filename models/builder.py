@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ortfuse.graph import fresh_name
+
 OPSET = 17
 IR_VERSION = 8
 PRODUCER = "ortfuse.models"
@@ -53,12 +55,7 @@ class GraphBuilder:
             self._scopes.pop()
 
     def _unique(self, base: str) -> str:
-        name, i = base, 0
-        while name in self._used:
-            i += 1
-            name = f"{base}_{i}"
-        self._used.add(name)
-        return name
+        return fresh_name(base, self._used)
 
     def _node_name(self, op_type: str) -> str:
         return self._unique("/" + "/".join([*self._scopes, op_type]))

@@ -17,6 +17,16 @@ from onnx import numpy_helper
 Shape = list  # of int | str | None
 
 
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or the first free ``base_<k>`` (k = 1, 2, ...), not in ``taken``; it is added to it."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
 def _subgraph_refs(graph: onnx.GraphProto) -> set[str]:
     """Names a subgraph reads that it does not define itself (its outer-scope references)."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
@@ -80,12 +90,7 @@ class GraphIndex:
 
     def unique_name(self, base: str) -> str:
         """``base``, or ``base_<k>``, not used by any node or tensor of the graph (nor given out before)."""
-        name, k = base, 0
-        while name in self._taken:
-            k += 1
-            name = f"{base}_{k}"
-        self._taken.add(name)
-        return name
+        return fresh_name(base, self._taken)
 
     def _record_types(self, *groups: Iterable[onnx.ValueInfoProto]) -> None:
         for group in groups:
