@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def native_disabled_by_env() -> bool:
+    """``ORTFUSE_NATIVE`` set to 0/false/off/no turns the native path off (checked without numba)."""
+    import os
+
+    return os.environ.get("ORTFUSE_NATIVE", "1").strip().lower() in ("0", "false", "off", "no")
+
+
 def register_library(sess_options) -> None:
     """Make the fused ops available, then register the extensions library on the options.
 

@@ -20,6 +20,7 @@ from ortfuse import isa as _isa
 from ortfuse.custom_ops.specs import SPECS
 
 NATIVE, REFERENCE = "native", "reference"
+REFERENCE_LABEL = "reference (numpy through onnxruntime-extensions Python op)"
 ANY = "any"
 
 
@@ -47,7 +48,7 @@ class Selection:
         if self.kernel is None:
             return ""
         if self.kernel.path == REFERENCE:
-            return "reference (numpy through onnxruntime-extensions Python op)"
+            return REFERENCE_LABEL
         return f"native numba {self.isa}"
 
 
@@ -66,11 +67,14 @@ def native_isa() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _native_ops() -> frozenset[str]:
-    if os.environ.get("ORTFUSE_NATIVE", "1") == "0":
+    from ortfuse.custom_ops.registration import native_disabled_by_env, native_op_types, native_unavailable_reason
+
+    if native_disabled_by_env():  # decided before numba is imported
         return frozenset()
     try:
-        from ortfuse.custom_ops.registration import native_op_types
 
+        if native_unavailable_reason():  # no native path in this process: select no native kernel
+            return frozenset()
         return native_op_types()
     except Exception:  # numba or the ABI layer unusable here: the reference path remains
         return frozenset()

@@ -26,7 +26,6 @@ from ortfuse.report import FUSED, REJECTED, FusionReport, MatchRecord
 MIN_OPSET = 7
 UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor: not a rejection
 GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
-REFERENCE_KERNEL = "reference (numpy through onnxruntime-extensions Python op)"
 
 
 def native_op_types(model: onnx.ModelProto) -> set[str]:
@@ -48,7 +47,7 @@ def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             pid = attrs.get("pattern_id", b"").decode()
             replaced = attrs.get("replaced_nodes", b"").decode().split(",")
-            kernel = REFERENCE_KERNEL if node.op_type.endswith("Ref") else "native numba"
+            kernel = registry.REFERENCE_LABEL if node.op_type.endswith("Ref") else "native numba"
             report.matches.append(MatchRecord(pid, replaced, FUSED, fused_node=node.name, kernel=kernel))
     report.patterns = sorted({m.pattern_id for m in report.matches})
     report.reason = f"model was saved already fused ({len(report.matches)} fused op(s))"
@@ -133,8 +132,9 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
                 report.matches.append(MatchRecord(pid, names, REJECTED, "left to ORT, which fuses it (LayerNorm)"))
                 rejected |= {id(n) for n in result.nodes}
                 continue
-            if isinstance(result, Match) and _scalar_io(ix, result):
-                result = Reject(pid, result.nodes, f"rank-0 tensor '{_scalar_io(ix, result)}': the fused op path "
+            if isinstance(result, Match) and ix.shape(result.output) == []:
+                # extensions' Python ops return a rank-0 result as [1]
+                result = Reject(pid, result.nodes, f"rank-0 tensor '{result.output}': the fused op path "
                                                    "does not keep scalar shapes")
             selection = None
             if isinstance(result, Match):
@@ -150,8 +150,8 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
                 claimed[id(n)] = pid
                 ix.claimed.add(id(n))
             matches.append(result)
-            record = MatchRecord(pid, names, FUSED, fused_node=f"ortfuse_{pid}_{len(matches) - 1}",
-                                 kernel=selection.label)
+            result.node_name = ix.unique_name(f"ortfuse_{pid}_{len(matches) - 1}")
+            record = MatchRecord(pid, names, FUSED, fused_node=result.node_name, kernel=selection.label)
             report.matches.append(record)
     return matches
 
@@ -170,28 +170,21 @@ def _explain_near_miss(ix: GraphIndex, matcher, node: onnx.NodeProto, pid: str) 
     return Reject(pid, result.nodes, problem) if problem else None
 
 
-def _scalar_io(ix: GraphIndex, m: Match) -> str:
-    """The output of ``m`` if it is known to be rank 0 (extensions' Python ops return it as [1]), or ""."""
-    return m.output if ix.shape(m.output) == [] else ""
-
-
 def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None:
     graph = model.graph
     last = {}
-    for k, m in enumerate(matches):
-        last[id(max(m.nodes, key=lambda n: ix.position[id(n)]))] = (k, m)
+    for m in matches:
+        last[id(max(m.nodes, key=lambda n: ix.position[id(n)]))] = m
     replaced = {id(n) for m in matches for n in m.nodes}
     new_nodes = []
     for node in graph.node:
         if id(node) in last:
-            k, m = last[id(node)]
-            new_nodes.append(_fused_node(ix, k, m))
+            new_nodes.append(_fused_node(ix, last[id(node)]))
         elif id(node) not in replaced:
             new_nodes.append(node)
     new_inits = [t for m in matches for t in m.initializers]
-    kept = list(graph.node)[:0] + new_nodes
     del graph.node[:]
-    graph.node.extend(kept)
+    graph.node.extend(new_nodes)
     graph.initializer.extend(new_inits)
     _drop_dead_constants(graph)
     known_vi = {vi.name for vi in graph.value_info} | {o.name for o in graph.output}
@@ -207,13 +200,13 @@ def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
 
 
-def _fused_node(ix: GraphIndex, k: int, m: Match) -> onnx.NodeProto:
+def _fused_node(ix: GraphIndex, m: Match) -> onnx.NodeProto:
     spec = SPECS[m.op]
     names = ",".join(ix.name_of(n) for n in m.nodes)
     attrs = {**m.attrs, "pattern_id": m.pattern_id, "replaced_nodes": names}
     missing = set(spec.all_attrs()) - set(attrs)
     assert not missing, f"{m.op} match lacks attributes {missing}"
-    return onnx.helper.make_node(m.op_type or spec.ref_op_type, m.inputs, [m.output], name=f"ortfuse_{m.pattern_id}_{k}",
+    return onnx.helper.make_node(m.op_type or spec.ref_op_type, m.inputs, [m.output], name=m.node_name,
                                  domain=DOMAIN, doc_string=f"ortfuse {m.pattern_id}: replaces {names}", **attrs)
 
 

@@ -148,6 +148,14 @@ def _resolve_external_data(model: onnx.ModelProto, source: str | bytes) -> str:
     return ""
 
 
+def _stepped_aside(reason: str, fusion, stacklevel: int = 4, **fields) -> FusionReport:
+    """The report of a model ortfuse leaves to ORT although it could read it; warns when the caller
+    asked for fusion explicitly (True or "auto")."""
+    if fusion is True or fusion == "auto":
+        warnings.warn(f"ortfuse: fusion requested but not applied: {reason}", stacklevel=stacklevel)
+    return FusionReport(reason=reason, stepped_aside=True, **fields)
+
+
 def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) -> tuple[_Plan | None, FusionReport]:
     """Decide whether and how to fuse; never raises for a model ORT could load, except for bad
     fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix."""
@@ -156,7 +164,7 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
     explicit = validate_patterns(fusion_patterns) if fusion_patterns is not None else None
     why_not = _options_forbid_fusion(sess_options)
     if why_not:
-        return None, FusionReport(reason=why_not, stepped_aside=True)
+        return None, _stepped_aside(why_not, fusion)
     if fusion is None:  # read only the metadata first: an unannotated model is not parsed at all
         props = _scan_props(source)
         if props is not None and metadata.FUSION_ENABLED not in props:
@@ -183,7 +191,7 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
                       "(ortfuse_graph_digest differs); its patterns are matched again on this graph", stacklevel=3)
     why_not = _resolve_external_data(model, source)
     if why_not:
-        return None, FusionReport(reason=why_not, patterns=list(patterns), stepped_aside=True)
+        return None, _stepped_aside(why_not, fusion, patterns=list(patterns))
     fused, report = fuse(model, patterns, kernels)
     if stale:
         report.notes.append("stale annotation: ortfuse_graph_digest does not match this graph; matched again")
@@ -194,9 +202,8 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         return None, _auto_policy(report)
     data = fused.SerializeToString()
     if len(data) > _PROTOBUF_LIMIT:
-        report.applied = False
-        report.reason = "the fused model would exceed protobuf's 2 GiB limit; ORT loads the original"
-        report.stepped_aside = True
+        report = _stepped_aside("the fused model would exceed protobuf's 2 GiB limit; ORT loads the original",
+                                fusion, patterns=report.patterns, matches=report.matches, notes=report.notes)
         return None, report
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
     plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
@@ -254,7 +261,7 @@ class InferenceSession(_ort.InferenceSession):
         plan = None
         provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
         if provider_problem:
-            self.fusion_report = FusionReport(reason=provider_problem, stepped_aside=True)
+            self.fusion_report = _stepped_aside(provider_problem, fusion, stacklevel=3)
         elif isinstance(path_or_bytes, (str, bytes)):
             plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns)
         else:  # ORT raises its own TypeError for this input
@@ -272,9 +279,6 @@ class InferenceSession(_ort.InferenceSession):
                     source = plan.source if plan is not None else path_or_bytes
                     if plan is not None and plan.needs_custom_ops:
                         sess_options, _ = _with_custom_ops(sess_options, frozenset())
-        elif fusion is True or fusion == "auto":
-            if self.fusion_report.stepped_aside and "model not parsed by onnx" not in self.fusion_report.notes:
-                warnings.warn(f"ortfuse: fusion requested but not applied: {self.fusion_report.reason}", stacklevel=2)
         try:
             super().__init__(source, sess_options, providers, provider_options, **kwargs)
         except Exception as exc:

@@ -20,6 +20,7 @@ class Match:
     attrs: dict = field(default_factory=dict)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     op_type: str = ""  # set by the rewriter from the kernel the registry selects
+    node_name: str = ""  # set by the rewriter: the fused node's name, unique in the graph
 
 
 @dataclass
