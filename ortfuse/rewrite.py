@@ -10,7 +10,7 @@ graph is rewritten: If/Loop/Scan bodies are left alone, and outer tensors they r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import onnx
 
@@ -21,7 +21,7 @@ from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
 from ortfuse.ort_territory import reserved_for_ort
 from ortfuse.patterns import MATCHERS
 from ortfuse.patterns.base import Match, Reject, intermediate_problem
-from ortfuse.report import FUSED, REJECTED, FusionReport, MatchRecord
+from ortfuse.report import DISABLED, FUSED, REJECTED, FusionReport, MatchRecord
 
 MIN_OPSET = 7
 UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor: not a rejection
@@ -54,12 +54,18 @@ def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
     return report
 
 
+KeepRule = Callable[[MatchRecord], str]  # a legal match -> "" to fuse it, or the reason to leave it unfused
+
+
 def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
-         kernels: str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+         kernels: str | None = None, keep: KeepRule | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
 
     Each fused op gets the kernel ``registry.select`` picks for this CPU (``kernels="reference"``
     forces the numpy reference path); a match with no kernel stays unfused, with the reason.
+    ``keep`` (the auto policy, ``ortfuse verify``'s bisection) sees each legal match, identified by
+    pattern id and original node names, and may leave it unfused: it is then reported as disabled
+    by policy with the reason ``keep`` returned, and its nodes are still not matched by another pattern.
 
     Unknown pattern ids raise ``UnknownPatternError``; a model whose rewrite would fail
     ``onnx.checker`` comes back unchanged with the reason in the report.
@@ -79,7 +85,7 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
         return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
-    matches = _match_all(ix, ids, report, kernels)
+    matches = _match_all(ix, ids, report, kernels, keep)
     if not matches:
         report.reason = "no candidate was fused" if report.matches else "no pattern matched"
         return out, report
@@ -110,7 +116,8 @@ def _version() -> str:
     return __version__
 
 
-def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | None) -> list[Match]:
+def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | None,
+               keep: KeepRule | None) -> list[Match]:
     claimed: dict[int, str] = {}
     reserved = reserved_for_ort(ix)
     matches: list[Match] = []
@@ -145,10 +152,14 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
                 rejected |= {id(n) for n in result.nodes}
                 report.matches.append(MatchRecord(pid, names, REJECTED, result.reason))
                 continue
-            result.op_type = selection.kernel.op_type
             for n in result.nodes:
                 claimed[id(n)] = pid
                 ix.claimed.add(id(n))
+            why_not = keep(MatchRecord(pid, names, FUSED, kernel=selection.label)) if keep else ""
+            if why_not:
+                report.matches.append(MatchRecord(pid, names, DISABLED, why_not))
+                continue
+            result.op_type = selection.kernel.op_type
             matches.append(result)
             result.node_name = ix.unique_name(f"ortfuse_{pid}_{len(matches) - 1}")
             record = MatchRecord(pid, names, FUSED, fused_node=result.node_name, kernel=selection.label)

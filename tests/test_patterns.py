@@ -40,7 +40,7 @@ from pattern_graphs import (
 import ortfuse
 from ortfuse import fuse
 from ortfuse.catalogue import PATTERN_IDS, UnknownPatternError
-from ortfuse.report import REJECTED
+from ortfuse.report import DISABLED, REJECTED
 
 RTOL, ATOL = 1e-4, 1e-5
 OP_OF_PATTERN = {spec.pattern_id: spec.name for spec in SPECS.values() if not spec.name.startswith("FusedEltwise")}
@@ -1708,3 +1708,29 @@ def test_nan_inf_and_signed_zero_inputs(name):
         assert g.shape == r.shape
         np.testing.assert_array_equal(np.isnan(g), np.isnan(r))
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_keep_rule_leaves_chosen_matches_unfused_and_says_why():
+    """fuse(keep=...) sees every legal match by original node names; a refused one stays as ORT runs it."""
+    from model_fixtures import ffn_inputs, ffn_matmul_add_relu
+
+    model = ffn_matmul_add_relu()
+    _, everything = fuse(model)
+    assert len(everything.fused) == 2
+    seen = []
+
+    def keep(record):
+        seen.append((record.pattern_id, tuple(record.nodes)))
+        return "" if "residual" in record.nodes else "test: keep only the residual Add+Relu"
+
+    fused, report = fuse(model, keep=keep)
+    assert sorted(seen) == sorted((m.pattern_id, tuple(m.nodes)) for m in everything.fused)
+    assert [m.nodes for m in report.fused] == [["residual", "relu_out"]]
+    disabled = [m for m in report.matches if m.decision == DISABLED]
+    assert [m.reason for m in disabled] == ["test: keep only the residual Add+Relu"]
+    kept_ops = {n.name for n in fused.graph.node}
+    assert {"mm1", "bias1", "relu1"} <= kept_ops and "residual" not in kept_ops
+    inputs = ffn_inputs()
+    got, rerun = run_ortfuse(fused, inputs)
+    assert [m.nodes for m in rerun.fused] == [["residual", "relu_out"]]  # the saved fused graph, as is
+    assert_outputs_close(got, run_stock(model, inputs))
