@@ -196,22 +196,12 @@ def resolve_model(arg: str) -> ModelSource:
 
 def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
     """(name, onnx elem type, dims) of the graph inputs that are not initializers; dims are int or str/None."""
-    import onnx
+    from ortfuse import feeds
 
-    model = onnx.load(path, load_external_data=False)
-    inits = {t.name for t in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        if not vi.type.HasField("tensor_type"):
-            raise BenchError(f"input {vi.name!r} of {path} is not a tensor; the bench feeds tensors only")
-        tt = vi.type.tensor_type
-        if not tt.HasField("shape"):
-            raise BenchError(f"input {vi.name!r} of {path} has no declared shape; cannot make sample inputs")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
-        out.append((vi.name, tt.elem_type, dims))
-    return out
+    try:
+        return feeds.declared_inputs(path)
+    except feeds.FeedError as exc:
+        raise BenchError(f"{path}: {exc}") from None
 
 
 def file_batch(path: str, batch: int) -> int:
@@ -223,27 +213,14 @@ def file_batch(path: str, batch: int) -> int:
 
 
 def inputs_from_declared(path: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs from the model's declared shapes and dtypes.
+    """Seeded random inputs from the model's declared shapes and dtypes (``ortfuse.feeds``: dynamic
+    dims are ``batch`` for the first dim, 128 for any other)."""
+    from ortfuse import feeds
 
-    Dynamic dims: ``batch`` for the first dim, 128 for any other. Floats are standard normal,
-    integers uniform in [0, 8) (small enough to be valid indices of most embeddings), bools fair coins.
-    """
-    import onnx
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name, elem, dims in _declared_inputs(path):
-        shape = [d if isinstance(d, int) else (batch if i == 0 else 128) for i, d in enumerate(dims)]
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-        if dtype.kind == "f":
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[name] = rng.integers(0, 8, size=shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[name] = rng.random(shape) < 0.5
-        else:
-            raise BenchError(f"input {name!r} has dtype {dtype}, for which the bench cannot make sample data")
-    return feeds
+    try:
+        return feeds.random_feeds(_declared_inputs(path), batch=batch, seed=seed)
+    except feeds.FeedError as exc:
+        raise BenchError(f"{path}: {exc}") from None
 
 
 def make_inputs(src: ModelSource, batch: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -30,7 +30,7 @@ import onnxruntime as _ort
 from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.report import DISABLED, FUSED, FusionReport
+from ortfuse.report import FusionReport
 
 if TYPE_CHECKING:
     import onnx
@@ -192,14 +192,17 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
     why_not = _resolve_external_data(model, source)
     if why_not:
         return None, _stepped_aside(why_not, fusion, patterns=list(patterns))
-    fused, report = fuse(model, patterns, kernels)
+    auto = fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)
+    keep = _auto_rule(model, patterns, sess_options) if auto else None
+    fused, report = fuse(model, patterns, kernels, keep=keep)
+    if keep is not None:
+        keep.tuning.annotate(report)
     if stale:
         report.notes.append("stale annotation: ortfuse_graph_digest does not match this graph; matched again")
     if not report.applied:
+        if auto and report.matches:
+            report.reason = "fusion='auto': no fusion was measured to beat ORT on this machine; stock ORT"
         return None, report
-    auto = fusion == "auto" or (fusion is None and request.auto and explicit is None)
-    if auto:
-        return None, _auto_policy(report)
     data = fused.SerializeToString()
     if len(data) > _PROTOBUF_LIMIT:
         report = _stepped_aside("the fused model would exceed protobuf's 2 GiB limit; ORT loads the original",
@@ -211,24 +214,15 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
     return plan, report
 
 
-AUTO_POLICY_REASON = (
-    "fusion='auto' keeps only fusions measured to beat ORT on this machine; no measurement exists yet "
-    "(profile-guided selection is not built), so none is kept (fusion=True forces them)"
-)
+def _auto_rule(model: onnx.ModelProto, patterns, sess_options):
+    """The ``fuse(keep=...)`` rule of ``fusion="auto"``: the tuner's decisions for this model on this
+    machine (cached, else measured now unless ``ORTFUSE_TUNE=off``); unmeasured matches stay unfused."""
+    from ortfuse import tune
 
-
-def _auto_policy(report: FusionReport) -> FusionReport:
-    """The 'auto' decision: keep a fusion only where it was measured to beat ORT's unfused ops.
-
-    Nothing is measured yet (no tuner), so auto keeps none and the model runs as stock ORT runs it:
-    the fused kernels are not all faster than ORT (the native GEMM is slower than ORT's MLAS)."""
-    for record in report.matches:
-        if record.decision == FUSED:
-            record.decision, record.reason = DISABLED, "auto policy: not measured to beat ORT"
-            record.kernel = record.fused_node = ""
-    report.applied = False
-    report.reason = AUTO_POLICY_REASON
-    return report
+    tuning = tune.tune(model, patterns, sess_options)
+    rule = tuning.keep_rule()
+    rule.tuning = tuning
+    return rule
 
 
 class InferenceSession(_ort.InferenceSession):

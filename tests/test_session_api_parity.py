@@ -378,15 +378,6 @@ def test_fused_variants_really_fuse(variant):
         assert ours._model_bytes is not None and b"FusedGemmAct" in ours._model_bytes
 
 
-def test_auto_keeps_no_reference_kernel_and_runs_as_stock():
-    """'auto' keeps only fusions that beat ORT; reference kernels never do, so nothing is kept."""
-    for model, fusion in ((ffn_matmul_add_relu(), "auto"), (annotated(ffn_matmul_add_relu(), patterns="auto"), None)):
-        session = ortfuse.InferenceSession(model, fusion=fusion)
-        report = session.fusion_report
-        assert not report.applied and session._model_bytes == model.SerializeToString()
-        assert [m.decision for m in report.matches] == ["disabled by policy"] * 2
-
-
 def test_saving_the_optimized_model_steps_aside(tmp_path):
     """The file ORT writes for optimized_model_filepath must load in stock ORT, so no fused op in it."""
     so = onnxruntime.SessionOptions()

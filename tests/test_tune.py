@@ -1,0 +1,189 @@
+"""Profile-guided ``fusion="auto"`` (ortfuse.tune): decisions come from real measurements on this
+machine, are cached per model/machine/versions, and a kept fusion computes what stock ORT computes.
+
+Timing-dependent outcomes are asserted only where the margin is wide: a decomposed HardSwish
+(Add->Clip->Div->Mul, four passes over 4 MB) against the native one-pass kernel measures 0.2-0.4x
+ORT here, far inside the 0.95 keep threshold. The policy's arithmetic (thresholds, the whole-model
+veto) is tested with stated timings injected in place of the clock.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxruntime
+import ortfuse
+from ortfuse import tune
+from ortfuse.report import DISABLED, FUSED
+
+TOL = dict(rtol=1e-5, atol=1e-5)  # fused vs stock ORT_DISABLE_ALL; the native HardSwish is exact
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(tune.ENV, raising=False)
+
+
+def hardswish_model(channels: int = 16, side: int = 256) -> onnx.ModelProto:
+    """y = x * clip(x + 3, 0, 6) / 6 spelled as exporters do, on x[batch, C, H, W]."""
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+    nodes = [
+        helper.make_node("Add", ["x", "three"], ["a"], name="hs_add"),
+        helper.make_node("Clip", ["a", "zero", "six"], ["c"], name="hs_clip"),
+        helper.make_node("Div", ["c", "six"], ["d"], name="hs_div"),
+        helper.make_node("Mul", ["x", "d"], ["y"], name="hs_mul"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels, side, side])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", channels, side, side])
+    graph = helper.make_graph(nodes, "hardswish", [x], [y], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _stock(model, feeds):
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _native_available() -> bool:
+    from ortfuse import registry
+
+    return "FusedHardSwish" in registry._native_ops()
+
+
+def test_auto_keeps_a_fusion_measured_to_win_and_computes_what_ort_computes():
+    if not _native_available():
+        pytest.skip("the native kernel path is unavailable in this process: no fused kernel can beat ORT")
+    model = hardswish_model()
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    report = session.fusion_report
+    assert report.applied, report.table()
+    (record,) = report.matches
+    assert record.decision == FUSED and record.pattern_id == "hardswish"
+    assert 0 < record.fused_ms < 0.95 * record.ort_ms, (record.fused_ms, record.ort_ms)
+    assert any("whole model" in n and "passed" in n for n in report.notes), report.notes
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 16, 256, 256)).astype(np.float32) * 4}
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+    assert "fused op" in report.reason
+
+
+def test_every_match_gets_a_measured_decision_and_the_report_shows_it():
+    """Whatever wins on the FFN fixture, each match is measured (times > 0) or names why it could
+    not be, the report's fused records are exactly the kept decisions, and outputs equal stock ORT."""
+    model = ffn_matmul_add_relu(seq=7)
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    tuning = tune.tune(model, measure=False)  # the entry the session just cached
+    assert tuning.from_cache and len(tuning.decisions) == 2
+    for d in tuning.decisions:
+        assert (d.fused_ms and d.ort_ms and d.fused_ms > 0 and d.ort_ms > 0) or "does not fuse" in d.reason
+    vetoed = tuning.model_check is not None and not tuning.model_check["passed"]
+    kept = {tuple(d.nodes) for d in tuning.decisions if d.keep and not vetoed}
+    assert {tuple(m.nodes) for m in session.fusion_report.fused} == kept
+    for m in session.fusion_report.matches:
+        assert m.decision in (FUSED, DISABLED)
+        assert m.decision == FUSED or m.reason.startswith("auto:")
+    assert (session._model_bytes == model.SerializeToString()) == (not kept)
+    feeds = ffn_inputs(seq=7)
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_decisions_are_cached_and_reused_without_measuring(monkeypatch):
+    model = hardswish_model(side=64)
+    first = tune.tune(model)
+    assert not first.from_cache and first.path and first.seconds > 0
+    monkeypatch.setattr(tune, "_measure", lambda *a, **k: pytest.fail("measured again despite the cache"))
+    again = tune.tune(model)
+    assert again.from_cache and again.path == first.path
+    assert [(d.keep, d.fused_ms, d.ort_ms) for d in again.decisions] == [(d.keep, d.fused_ms, d.ort_ms)
+                                                                          for d in first.decisions]
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    assert any("decisions cached" in n for n in session.fusion_report.notes)
+
+
+def test_cache_key_separates_shapes_threads_and_graphs():
+    model = hardswish_model(side=32)
+    base = tune.tune(model, measure=False).key
+    assert tune.tune(model, batch=4, measure=False).key["inputs"] == {"x": [4, 16, 32, 32]}
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = 1
+    assert tune.tune(model, sess_options=so, measure=False).key["threads"] == 1
+    other = hardswish_model(side=32)
+    other.graph.node[0].name = "renamed"
+    keys = {json.dumps(k, sort_keys=True) for k in (base, tune.tune(other, measure=False).key)}
+    assert len(keys) == 2
+    assert base["isa"] and base["versions"]["onnxruntime"] == onnxruntime.__version__
+
+
+def test_corrupt_cache_file_is_measured_again():
+    model = hardswish_model(side=32)
+    first = tune.tune(model)
+    with open(first.path, "w") as fh:
+        fh.write("{not json")
+    again = tune.tune(model)
+    assert not again.from_cache and len(again.decisions) == 1
+
+
+def test_tuning_off_without_a_cache_keeps_nothing_and_says_how_to_measure(monkeypatch):
+    monkeypatch.setenv(tune.ENV, "off")
+    model = hardswish_model(side=32)
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    report = session.fusion_report
+    assert not report.applied and session._model_bytes == model.SerializeToString()
+    assert [m.decision for m in report.matches] == [DISABLED]
+    assert "ortfuse tune" in report.matches[0].reason
+
+
+def test_metadata_auto_means_tuned_for_fusion_none_and_true(monkeypatch):
+    monkeypatch.setenv(tune.ENV, "off")  # unmeasured: auto keeps nothing, which tells auto was used
+    model = annotated(ffn_matmul_add_relu(), patterns="auto")
+    for fusion in (None, True):
+        report = ortfuse.InferenceSession(model, fusion=fusion).fusion_report
+        assert not report.applied and {m.decision for m in report.matches} == {DISABLED}, fusion
+    forced = ortfuse.InferenceSession(model, fusion=True, fusion_patterns=["add_relu"]).fusion_report
+    assert forced.applied  # explicit patterns are a request, not auto
+
+
+# ----------------------------------------------------------------- the policy, with stated timings
+
+
+def _tune_with(monkeypatch, first_look, timed, model_check):
+    """Run the tuner on the FFN fixture with the clock replaced by fixed (fused, ORT) times."""
+    monkeypatch.setattr(tune, "_best_of", lambda f, o, n: first_look)
+    calls = iter([timed, timed, model_check])
+    monkeypatch.setattr(tune, "_time_pair", lambda f, o, budget: next(calls))
+    return tune.tune(ffn_matmul_add_relu(), force=True)
+
+
+@pytest.mark.parametrize("timed, keep", [((0.94, 1.0), True), ((0.96, 1.0), False), ((1.2, 1.0), False)])
+def test_keep_threshold_is_the_margin(monkeypatch, timed, keep):
+    tuning = _tune_with(monkeypatch, (1.0, 1.0), timed, (0.5, 1.0))
+    assert [d.keep for d in tuning.decisions] == [keep, keep]
+    assert all(d.fused_ms == timed[0] and d.ort_ms == timed[1] for d in tuning.decisions)
+
+
+def test_clear_loss_is_not_timed_further(monkeypatch):
+    monkeypatch.setattr(tune, "_time_pair", lambda *a: pytest.fail("timed a clear loss"))
+    monkeypatch.setattr(tune, "_best_of", lambda f, o, n: (2.5, 1.0))
+    tuning = tune.tune(ffn_matmul_add_relu(), force=True)
+    assert [d.keep for d in tuning.decisions] == [False, False]
+    assert "best of 3; ratio 2.50" in tuning.decisions[0].reason
+    assert tuning.model_check is None
+
+
+def test_whole_model_veto_keeps_nothing(monkeypatch):
+    tuning = _tune_with(monkeypatch, (1.0, 1.0), (0.5, 1.0), (1.05, 1.0))
+    assert all(d.keep for d in tuning.decisions) and not tuning.model_check["passed"]
+    fused, report = ortfuse.fuse(ffn_matmul_add_relu(), keep=tuning.keep_rule())
+    assert not report.applied
+    assert all("whole model" in m.reason and "1.050x" in m.reason for m in report.matches)
+    assert "whole model with kept fusions" in tune.table(tuning) and "nothing kept" in tune.table(tuning)
