@@ -137,8 +137,10 @@ sessions came out at 1.003 (A/A) and 1.009 (ortfuse_auto) of the baseline. Stock
 libraries: its latency was the same with and without the variables (62-78 ms either way, same minute)."""
 
 
-def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0):
-    """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider."""
+def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0,
+                 batch: int = 1):
+    """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider.
+    A ``fusion="auto"`` session is tuned for inputs of ``batch``."""
     import onnxruntime as ort
 
     cfg = CONFIGS[config] if isinstance(config, str) else config
@@ -151,6 +153,10 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     providers = ["CPUExecutionProvider"]
+    if cfg.fusion == "auto":
+        from ortfuse.tune import DIMS_KEY
+
+        so.add_session_config_entry(DIMS_KEY, f"batch={int(batch)}")
     if cfg.stock:
         return ort.InferenceSession(model, so, providers=providers)
     import ortfuse
@@ -474,7 +480,19 @@ def _check_configs(configs) -> list[str]:
     return names
 
 
-def _create_all(src: ModelSource, configs, spinning, threads) -> tuple[dict, dict]:
+def _tune_ahead(src: ModelSource, configs, spinning, threads, batch) -> float | None:
+    """Fill the auto policy's cache for this batch before any timed creation (``ortfuse tune`` ahead of
+    time): the seconds it took, 0 when cached already, None without an auto configuration."""
+    if not any(CONFIGS[c].fusion == "auto" for c in configs):
+        return None
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = make_session("ortfuse_auto", src.path, spinning=spinning, threads=threads, batch=batch)
+    return 0.0 if any("decisions cached" in n for n in sess.fusion_report.notes) else time.perf_counter() - t0
+
+
+def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) -> tuple[dict, dict]:
     import psutil
 
     proc = psutil.Process()
@@ -484,13 +502,14 @@ def _create_all(src: ModelSource, configs, spinning, threads) -> tuple[dict, dic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         make_session(BASELINE, src.path, spinning=spinning, threads=threads)
+    tune_s = _tune_ahead(src, configs, spinning, threads, batch)
     sessions, info = {}, {}
     for name in configs:
         rss0 = proc.memory_info().rss
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.perf_counter()
-            sess = make_session(name, src.path, spinning=spinning, threads=threads)
+            sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
             create_s = time.perf_counter() - t0
         rss1 = proc.memory_info().rss
         report = getattr(sess, "fusion_report", None)
@@ -502,6 +521,7 @@ def _create_all(src: ModelSource, configs, spinning, threads) -> tuple[dict, dic
             "fusion_applied": report.applied if report is not None else None,
             "fusion_reason": report.reason if report is not None else None,
             "warnings": [str(w.message) for w in caught],
+            "tune_s": tune_s if CONFIGS[name].fusion == "auto" else None,
         }
         sessions[name] = sess
     return sessions, info
@@ -510,18 +530,32 @@ def _create_all(src: ModelSource, configs, spinning, threads) -> tuple[dict, dic
 def _bench_model(src, batches, configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, seed, budget_s, progress, tmp):
     import psutil
 
-    sessions, info = _create_all(src, configs, spinning, threads)
+    actual = []  # the batches the model runs at, in order, once each
+    for asked in batches:
+        batch = int(asked) if src.zoo is not None else file_batch(src.path, int(asked))
+        if batch not in [b for b, _ in actual]:
+            actual.append((batch, int(asked)))
+    sessions, info = _create_all(src, configs, spinning, threads, actual[0][0])
     ref_sess = sessions.get(REFERENCE) or make_session(REFERENCE, src.path, spinning=spinning, threads=threads)
     seen = set()
     first_batch = True
-    for asked in batches:
-        batch = int(asked) if src.zoo is not None else file_batch(src.path, int(asked))
+    for batch, asked in actual:
         notes = []
-        if batch != int(asked):
+        if batch != asked:
             notes.append(f"{src.label} has a fixed batch dimension {batch}; --batch {asked} does not apply")
-        if batch in seen:
-            continue
         seen.add(batch)
+        if not first_batch:  # auto decisions are measured at the batch the model runs at
+            for name in configs:
+                if CONFIGS[name].fusion == "auto":
+                    tune_s = _tune_ahead(src, [name], spinning, threads, batch)
+                    t0 = time.perf_counter()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        sessions[name] = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
+                    report = sessions[name].fusion_report
+                    info[name] = {**info[name], "create_s": time.perf_counter() - t0, "tune_s": tune_s,
+                                  "fused_ops": report.counts(), "fusion_applied": report.applied,
+                                  "fusion_reason": report.reason}
         feeds = make_inputs(src, batch, seed)
         reference = ref_sess.run(None, feeds)
         cfg_rows = {}
@@ -541,7 +575,8 @@ def _bench_model(src, batches, configs, runs, repeats, warmup, spinning, gap_ms,
             npz = os.path.join(tmp, f"inputs_{len(seen)}.npz")
             np.savez(npz, **feeds)
             for name in configs:
-                spec = {"config": name, "model": src.path, "inputs": npz, "spinning": spinning, "threads": threads, "runs": MEMORY_RUNS}
+                spec = {"config": name, "model": src.path, "inputs": npz, "spinning": spinning, "threads": threads,
+                        "runs": MEMORY_RUNS, "batch": batch}
                 from ortfuse.bench_memory import measure_in_subprocess
 
                 cfg_rows[name]["memory"] = measure_in_subprocess(spec, os.path.join(tmp, "memory_spec.json"))
@@ -754,6 +789,9 @@ def table(result: dict, memory: str = "subprocess") -> str:
         if not CONFIGS[name].stock and row.get("fusion_reason"):
             state = "applied" if row.get("fusion_applied") else "not applied"
             out.append(f"note: {name}: fusion {state}: {row['fusion_reason']}")
+        if row.get("tune_s") is not None:
+            tuned = f"measured ahead in {row['tune_s']:.1f} s" if row["tune_s"] else "cached"
+            out.append(f"note: {name}: auto decisions {tuned} (`ortfuse tune`); create s is with them cached")
         for w in row.get("warnings") or []:
             out.append(f"note: {name}: warning: {w}")
         mem = row.get("memory") or {}

@@ -79,7 +79,8 @@ def measure_child(spec: dict) -> dict:
     sampler.start()
     t0 = time.perf_counter()
     sess = make_session(
-        spec["config"], spec["model"], spinning=spec.get("spinning", True), threads=spec.get("threads", 0)
+        spec["config"], spec["model"], spinning=spec.get("spinning", True), threads=spec.get("threads", 0),
+        batch=spec.get("batch", 1)
     )
     create_s = time.perf_counter() - t0
     after_create = proc.memory_info().rss

@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": ("ortfuse.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
     "report": ("ortfuse.report_cli", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
+    "tune": ("ortfuse.tune_cli", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
 }
 
 

@@ -48,6 +48,7 @@ CLEAR_LOSS = 2.0  # a fused subgraph this many times slower than ORT at first lo
 MIN_RUNS, MAX_RUNS = 3, 60
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4  # a fused subgraph whose outputs differ more is not kept
 ENV = "ORTFUSE_TUNE"
+DIMS_KEY = "ortfuse.tune_dims"  # SessionOptions config entry: "batch=64,seq=128" -> the shapes tuned for
 FORMAT = 1
 
 
@@ -142,6 +143,9 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
 
     ids = validate_patterns(patterns)
     level, threads = _level_and_threads(sess_options)
+    asked = dims_from_options(sess_options)
+    dims = {**asked, **(dims or {})}
+    batch = int(dims.get("batch", batch))
     declared = feeds.declared_inputs(model)
     sample = feeds.random_feeds(declared, batch=batch, dims=dims, seed=0)
     key = _cache_key(model, ids, level, threads, sample)
@@ -158,6 +162,30 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     tuning.path = str(path)
     _write(path, tuning)
     return tuning
+
+
+def dims_from_options(sess_options) -> dict[str, int]:
+    """The ``ortfuse.tune_dims`` config entry of ``sess_options`` ("name=value,..."; ``batch`` is the
+    first dim of every input unless an input names a dim "batch")."""
+    text = ""
+    if sess_options is not None:
+        try:
+            text = sess_options.get_session_config_entry(DIMS_KEY)
+        except RuntimeError:  # ORT raises for a key that was never set
+            return {}
+    return parse_dims(text)
+
+
+def parse_dims(text: str) -> dict[str, int]:
+    """"batch=64,seq=128" -> {"batch": 64, "seq": 128}; a malformed entry is a ValueError saying so."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"tune dims {text!r}: expected name=positive integer pairs separated by commas, "
+                             f"e.g. 'batch=64,seq=128'")
+        out[name.strip()] = int(value)
+    return out
 
 
 def table(tuning: Tuning) -> str:

@@ -187,3 +187,40 @@ def test_whole_model_veto_keeps_nothing(monkeypatch):
     assert not report.applied
     assert all("whole model" in m.reason and "1.050x" in m.reason for m in report.matches)
     assert "whole model with kept fusions" in tune.table(tuning) and "nothing kept" in tune.table(tuning)
+
+
+# ----------------------------------------------------------------- ortfuse tune
+
+
+def test_tune_command_measures_then_reads_the_cache(tmp_path, capsys):
+    from ortfuse.cli import main
+
+    path = tmp_path / "hs.onnx"
+    onnx.save(hardswish_model(side=32), str(path))
+    assert main(["tune", str(path), "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "hardswish" in out and "hs_add,hs_clip,hs_div,hs_mul" in out and "measured in" in out
+    assert main(["tune", str(path), "--batch", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["from_cache"] and doc["key"]["inputs"] == {"x": [2, 16, 32, 32]}
+    (decision,) = doc["decisions"]
+    assert decision["nodes"] == ["hs_add", "hs_clip", "hs_div", "hs_mul"] and decision["fused_ms"] > 0
+    # a session tuned for the same shapes finds the decisions without measuring
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry(tune.DIMS_KEY, "batch=2")
+    session = ortfuse.InferenceSession(str(path), so, fusion="auto")
+    assert any("decisions cached" in n for n in session.fusion_report.notes)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dim", "seq"], "expected name=positive integer"),
+    (["--level", "fast"], "unknown level 'fast'"),
+    (["--pattern", "nope"], "unknown fusion pattern id"),
+])
+def test_tune_command_usage_errors(tmp_path, capsys, argv, message):
+    from ortfuse.cli import main
+
+    path = tmp_path / "hs.onnx"
+    onnx.save(hardswish_model(side=8), str(path))
+    assert main(["tune", str(path), *argv]) == 2
+    assert message in capsys.readouterr().err

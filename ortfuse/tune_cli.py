@@ -1,0 +1,74 @@
+"""``ortfuse tune MODEL``: measure the ``fusion="auto"`` decisions ahead of time and cache them.
+
+    ortfuse tune model.onnx                      # batch 1, other dynamic dims 128
+    ortfuse tune resnet50 --batch 64 --threads 2
+    ortfuse tune model.onnx --dim seq=384 --force --json
+
+Sessions created later with ``fusion="auto"`` and the same optimization level, threads and input
+shapes (``SessionOptions`` config entry ``ortfuse.tune_dims``, e.g. ``"batch=64"``) load the cached
+decisions instead of measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="path of the .onnx model, or a zoo model name (ortfuse models list)")
+    p.add_argument("--batch", type=int, default=1, help="first dim of every input (default 1)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="value of a named dynamic dim (repeatable); unnamed dynamic dims other than the first are 128")
+    p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these pattern ids")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads of the sessions to tune for (default: ORT's)")
+    p.add_argument("--level", default="ORT_ENABLE_ALL", help="ORT graph optimization level to tune for")
+    p.add_argument("--force", action="store_true", help="measure again even when decisions are cached")
+    p.add_argument("--json", action="store_true", help="print the decisions as JSON")
+
+
+def run(args) -> int:
+    import onnxruntime as ort
+
+    from ortfuse import tune
+    from ortfuse.bench import BenchError, resolve_model
+    from ortfuse.catalogue import UnknownPatternError
+
+    try:
+        dims = tune.parse_dims(",".join(args.dim))
+        src = resolve_model(args.model)
+        level = getattr(ort.GraphOptimizationLevel, args.level.upper())
+    except (ValueError, BenchError) as exc:
+        print(f"ortfuse tune: {exc}", file=sys.stderr)
+        return 2
+    except AttributeError:
+        print(f"ortfuse tune: unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, "
+              "ORT_ENABLE_EXTENDED, ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL.", file=sys.stderr)
+        return 2
+    import onnx
+
+    try:
+        model = onnx.load(src.path)
+    except Exception as exc:
+        print(f"ortfuse tune: cannot read {src.path!r} as an ONNX model ({type(exc).__name__}: {exc}).",
+              file=sys.stderr)
+        return 2
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    if args.threads:
+        so.intra_op_num_threads = args.threads
+    try:
+        tuning = tune.tune(model, args.patterns, so, batch=args.batch, dims=dims, force=args.force,
+                           measure=True, progress=not args.json)
+    except UnknownPatternError as exc:
+        print(f"ortfuse tune: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**tuning.to_dict(), "path": tuning.path, "from_cache": tuning.from_cache}, indent=1))
+        return 0
+    print(tune.table(tuning))
+    origin = "read from the cache" if tuning.from_cache else f"measured in {tuning.seconds:.1f} s"
+    kept = sum(d.keep for d in tuning.decisions)
+    print(f"{len(tuning.decisions)} candidate fusion(s), {kept} won on their subgraph; decisions {origin}: "
+          f"{tuning.path or '(not cached: cache folder not writable)'}")
+    return 0
