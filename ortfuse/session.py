@@ -169,49 +169,89 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         props = _scan_props(source)
         if props is not None and metadata.FUSION_ENABLED not in props:
             return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
+    from ortfuse import plan_cache
+
+    cache_key = plan_cache.key(source, sess_options, fusion, fusion_patterns, kernels)
+    entry = plan_cache.load(cache_key)
+    if entry is not None:
+        return _plan_from_cache(entry)
+    plan, report, depends = _plan_uncached(source, sess_options, fusion, explicit, kernels)
+    if depends is not None and not report.stepped_aside:
+        stored = plan_cache.store(cache_key, {"report": report.to_dict(),
+                                              "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
+                                              "needs_custom_ops": bool(plan and plan.needs_custom_ops),
+                                              "native_ops": sorted(plan.native_ops) if plan else []},
+                                  plan.source if plan else None, depends)
+        if stored:  # ORT reads the fused model from the file: no copy of it stays in Python's memory
+            plan.source = stored
+    return plan, report
+
+
+def _plan_from_cache(entry: dict) -> tuple[_Plan | None, FusionReport]:
+    report = FusionReport.from_dict(entry["report"])
+    report.notes.append(f"plan read from ortfuse's cache ({entry['path']}): same model, request and environment")
+    if any(n.startswith(_STALE_NOTE) for n in report.notes):
+        _warn_stale(stacklevel=5)
+    if not entry["applied"]:
+        return None, report
+    return _Plan(entry["model_path"], report, set(entry["disabled_optimizers"]), entry["needs_custom_ops"],
+                 frozenset(entry["native_ops"])), report
+
+
+_STALE_NOTE = "stale annotation"
+
+
+def _warn_stale(stacklevel: int) -> None:
+    warnings.warn("ortfuse: the model's fusion annotation was written for another graph "
+                  "(ortfuse_graph_digest differs); its patterns are matched again on this graph", stacklevel=stacklevel)
+
+
+def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Plan | None, FusionReport, list | None]:
+    """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
     from ortfuse.rewrite import fuse, is_rewritten, native_op_types, report_of_rewritten
 
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.
-        return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"])
+        return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"]), None
     if is_rewritten(model):  # saved by `ortfuse-annotate --rewrite`: run it as is, with our ops registered
         report = report_of_rewritten(model)
-        return _Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model))), report
+        return _Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model))), report, None
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
-            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
+            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), []
         if not request.enabled:
-            return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT")
+            return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT"), []
     patterns = explicit if explicit is not None else validate_patterns(request.patterns)
     stale = request.digest is not None and request.digest != metadata.graph_digest(model)
     if stale:  # the graph changed after annotation: matching runs on the graph as it is now
-        warnings.warn("ortfuse: the model's fusion annotation was written for another graph "
-                      "(ortfuse_graph_digest differs); its patterns are matched again on this graph", stacklevel=3)
+        _warn_stale(stacklevel=5)
     why_not = _resolve_external_data(model, source)
     if why_not:
-        return None, _stepped_aside(why_not, fusion, patterns=list(patterns))
+        return None, _stepped_aside(why_not, fusion, stacklevel=5, patterns=list(patterns)), None
     auto = fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)
     keep = _auto_rule(model, patterns, sess_options) if auto else None
+    depends = [] if keep is None else ([keep.tuning.path] if keep.tuning.path else None)
     fused, report = fuse(model, patterns, kernels, keep=keep)
     if keep is not None:
         keep.tuning.annotate(report)
     if stale:
-        report.notes.append("stale annotation: ortfuse_graph_digest does not match this graph; matched again")
+        report.notes.append(f"{_STALE_NOTE}: ortfuse_graph_digest does not match this graph; matched again")
     if not report.applied:
         if auto and report.matches:
             report.reason = "fusion='auto': no fusion was measured to beat ORT on this machine; stock ORT"
-        return None, report
+        return None, report, depends
     data = fused.SerializeToString()
     if len(data) > _PROTOBUF_LIMIT:
         report = _stepped_aside("the fused model would exceed protobuf's 2 GiB limit; ORT loads the original",
-                                fusion, patterns=report.patterns, matches=report.matches, notes=report.notes)
-        return None, report
+                                fusion, stacklevel=5, patterns=report.patterns, matches=report.matches,
+                                notes=report.notes)
+        return None, report, None
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
     plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
                  frozenset(native_op_types(fused)))
-    return plan, report
+    return plan, report, depends
 
 
 def _auto_rule(model: onnx.ModelProto, patterns, sess_options):

@@ -1,0 +1,152 @@
+"""The fusion plan cache: a session created again on the same model with the same request skips
+parsing, matching, tuning and serializing, and hands ORT the fused model saved the first time.
+
+Key: the model's identity (a path's resolved name, size and mtime; sha256 of bytes), the fusion
+request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
+level, intra-op threads, ``ortfuse.tune_dims``), the environment (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``,
+``ORTFUSE_TUNE``), this CPU's ISA, the onnxruntime / extensions / numba versions, and a digest of
+ortfuse's own source files (a changed rewriter never serves an old plan).
+An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
+``<key>.onnx`` (the fused model). Entries may name files they depend on (the auto policy's decisions)
+with their mtime; a changed or missing dependency makes the entry stale. Writes are atomic (the JSON
+is written last); the folder is trimmed to ``MAX_BYTES``, oldest entries first.
+Only outcomes that follow from the key alone are stored: never a step-aside.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+FORMAT = 1
+MAX_BYTES = 2 * 2**30
+_ENV_KEYS = ("ORTFUSE_ISA", "ORTFUSE_NATIVE", "ORTFUSE_TUNE")
+_OPTION_ENTRIES = ("ortfuse.tune_dims",)
+
+
+def root() -> Path:
+    from ortfuse.models.cache import cache_dir
+
+    return cache_dir() / "plans"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    """sha256 over ortfuse's Python sources and the installed runtime versions."""
+    from importlib import metadata as im
+
+    import ortfuse
+    import ortfuse.custom_ops
+
+    h = hashlib.sha256()
+    for base in {Path(ortfuse.__file__).parent, Path(ortfuse.custom_ops.__file__).parent}:
+        for path in sorted(base.rglob("*.py")):
+            h.update(str(path.relative_to(base)).encode())
+            h.update(path.read_bytes())
+    for dist in ("onnxruntime", "onnxruntime-extensions", "numba", "onnx"):
+        try:
+            h.update(f"{dist}={im.version(dist)}".encode())
+        except im.PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    return h.hexdigest()
+
+
+def _source_identity(source: str | bytes) -> str | None:
+    if isinstance(source, bytes):
+        return "bytes:" + hashlib.sha256(source).hexdigest()
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    return f"path:{os.path.realpath(source)}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _option_values(sess_options) -> list:
+    if sess_options is None:
+        return [None]
+    values = [str(sess_options.graph_optimization_level), sess_options.intra_op_num_threads]
+    for entry in _OPTION_ENTRIES:
+        try:
+            values.append(sess_options.get_session_config_entry(entry))
+        except RuntimeError:  # never set
+            values.append(None)
+    return values
+
+
+def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> str | None:
+    """The cache key of this request, or None when the source cannot be identified cheaply."""
+    from ortfuse import isa
+
+    identity = _source_identity(source)
+    if identity is None:
+        return None
+    parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
+             _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
+             sorted(isa.cpu_features()), _code_digest()]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+def load(cache_key: str | None) -> dict | None:
+    """The stored entry (with ``model_path`` set for an applied plan), or None if absent or stale."""
+    if cache_key is None:
+        return None
+    base = root() / cache_key
+    try:
+        entry = json.loads(base.with_suffix(".json").read_text())
+        if entry.get("format") != FORMAT:
+            return None
+        entry["path"] = str(base.with_suffix(".json"))
+        for dep in entry.get("depends", []):
+            if os.stat(dep["path"]).st_mtime_ns != dep["mtime_ns"]:
+                return None
+        if entry["applied"]:
+            model = base.with_suffix(".onnx")
+            if model.stat().st_size != entry["model_bytes"]:
+                return None
+            entry["model_path"] = str(model)
+            os.utime(base.with_suffix(".json"))  # recently used: trimmed last
+        return entry
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(cache_key: str | None, entry: dict, model_bytes: bytes | None, depends: list[str]) -> str | None:
+    """Store an entry; return the path of the stored fused model (None if none was stored). Best
+    effort: a read-only or full cache folder only costs the next session the planning time."""
+    if cache_key is None:
+        return None
+    base = root() / cache_key
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        entry = {**entry, "format": FORMAT, "applied": model_bytes is not None,
+                 "model_bytes": len(model_bytes) if model_bytes is not None else 0,
+                 "depends": [{"path": p, "mtime_ns": os.stat(p).st_mtime_ns} for p in depends]}
+        if model_bytes is not None:
+            _atomic_write(base.with_suffix(".onnx"), model_bytes)
+        _atomic_write(base.with_suffix(".json"), json.dumps(entry).encode())
+        _trim(base.parent, keep=base.with_suffix(".json"))
+    except OSError:
+        return None
+    return str(base.with_suffix(".onnx")) if model_bytes is not None else None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _trim(folder: Path, keep: Path) -> None:
+    entries = sorted((p for p in folder.glob("*.json") if p != keep), key=lambda p: p.stat().st_mtime_ns)
+    sizes = {p: p.stat().st_size + (p.with_suffix(".onnx").stat().st_size if p.with_suffix(".onnx").exists() else 0)
+             for p in entries}
+    total = sum(sizes.values())
+    for p in entries:
+        if total <= MAX_BYTES:
+            break
+        total -= sizes[p]
+        p.unlink(missing_ok=True)
+        p.with_suffix(".onnx").unlink(missing_ok=True)

@@ -1,0 +1,155 @@
+"""The fusion plan cache: a second session on the same model and request does no planning work (the
+model is not even parsed), gets the same report and outputs, and any change to the model, the
+request, the environment, ortfuse's code or the auto decisions plans again."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
+
+import onnxruntime
+import ortfuse
+from ortfuse import plan_cache
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    path = tmp_path / "ffn.onnx"
+    onnx.save(ffn_matmul_add_relu(), str(path))
+    return str(path)
+
+
+def _forbid_parsing(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was parsed despite a cached plan")
+
+    monkeypatch.setattr(onnx, "load", refuse)
+    monkeypatch.setattr(onnx, "load_from_string", refuse)
+    monkeypatch.setattr(onnx, "load_model", refuse)
+
+
+def _cached(report) -> bool:
+    return any(n.startswith("plan read from ortfuse's cache") for n in report.notes)
+
+
+def test_second_session_uses_the_cached_plan_without_parsing(model_path, monkeypatch):
+    first = ortfuse.InferenceSession(model_path, fusion=True)
+    assert first.fusion_report.applied and not _cached(first.fusion_report)
+    expected = first.run(None, ffn_inputs())
+    _forbid_parsing(monkeypatch)
+    second = ortfuse.InferenceSession(model_path, fusion=True)
+    assert _cached(second.fusion_report)
+    assert [(m.pattern_id, m.nodes, m.decision) for m in second.fusion_report.matches] == \
+        [(m.pattern_id, m.nodes, m.decision) for m in first.fusion_report.matches]
+    for a, b in zip(second.run(None, ffn_inputs()), expected):
+        np.testing.assert_array_equal(a, b)
+    # ORT loaded the fused model from the cache file: no copy of it is kept in Python
+    assert second._model_bytes is None and second._model_path.startswith(str(plan_cache.root()))
+    assert first._model_path == second._model_path
+
+
+def test_bytes_input_is_keyed_by_content(model_path):
+    data = open(model_path, "rb").read()
+    ortfuse.InferenceSession(data, fusion=True)
+    assert _cached(ortfuse.InferenceSession(data, fusion=True).fusion_report)
+    other = ffn_matmul_add_relu(seed=5).SerializeToString()
+    assert not _cached(ortfuse.InferenceSession(other, fusion=True).fusion_report)
+
+
+def test_request_options_and_environment_are_part_of_the_key(model_path, monkeypatch):
+    ortfuse.InferenceSession(model_path, fusion=True)
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True, fusion_patterns=["add_relu"]).fusion_report)
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = 1
+    assert not _cached(ortfuse.InferenceSession(model_path, so, fusion=True).fusion_report)
+    monkeypatch.setenv("ORTFUSE_TUNE", "off")
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
+    monkeypatch.setattr(plan_cache, "_code_digest", lambda: "another ortfuse")
+    monkeypatch.delenv("ORTFUSE_TUNE")
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
+
+
+def test_a_changed_model_file_is_planned_again(model_path):
+    ortfuse.InferenceSession(model_path, fusion=True)
+    st = os.stat(model_path)
+    os.utime(model_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
+
+
+def test_changed_auto_decisions_make_the_plan_stale(model_path):
+    from ortfuse import tune
+
+    first = ortfuse.InferenceSession(model_path, fusion="auto")
+    assert not _cached(first.fusion_report)
+    assert _cached(ortfuse.InferenceSession(model_path, fusion="auto").fusion_report)
+    decisions = tune.tune(onnx.load(model_path), measure=False)
+    assert decisions.from_cache
+    st = os.stat(decisions.path)
+    os.utime(decisions.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # as `ortfuse tune --force` does
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion="auto").fusion_report)
+
+
+def test_unmeasured_auto_is_not_cached(model_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_TUNE", "off")
+    for _ in range(2):
+        report = ortfuse.InferenceSession(model_path, fusion="auto").fusion_report
+        assert not report.applied and not _cached(report)
+
+
+def test_stale_annotation_warns_on_every_session(tmp_path):
+    model = annotated(ffn_matmul_add_relu(), patterns="add_relu")
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "ortfuse_graph_digest", "0123456789abcdef"
+    path = str(tmp_path / "stale.onnx")
+    onnx.save(model, path)
+    for expect_cached in (False, True):
+        with pytest.warns(UserWarning, match="annotation was written for another graph"):
+            session = ortfuse.InferenceSession(path)
+        assert _cached(session.fusion_report) == expect_cached
+
+
+def test_step_aside_is_never_cached(model_path):
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ortfuse.InferenceSession(model_path, so, fusion=True)
+    assert not plan_cache.root().exists() or not list(plan_cache.root().glob("*.json"))
+
+
+def test_unwritable_cache_folder_still_fuses(model_path, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(blocker / "cache"))  # cannot be created, even by root
+    for _ in range(2):
+        session = ortfuse.InferenceSession(model_path, fusion=True)
+        assert session.fusion_report.applied and not _cached(session.fusion_report)
+        assert session._model_bytes is not None  # ORT got the fused bytes directly
+        np.testing.assert_allclose(session.run(None, ffn_inputs())[0],
+                                   onnxruntime.InferenceSession(model_path).run(None, ffn_inputs())[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
+    for patterns in (["add_relu"], ["gemm_relu_gelu"]):
+        ortfuse.InferenceSession(model_path, fusion=True, fusion_patterns=patterns)
+    entries = sorted(plan_cache.root().glob("*.json"))
+    assert len(entries) == 2
+    for age, p in enumerate(entries):  # entries[0] is the older one, whatever the clock's resolution
+        os.utime(p, ns=(10**18 + age * 10**9, 10**18 + age * 10**9))
+    one_entry = entries[-1].stat().st_size + entries[-1].with_suffix(".onnx").stat().st_size
+    monkeypatch.setattr(plan_cache, "MAX_BYTES", one_entry * 2 - 1)
+    ortfuse.InferenceSession(model_path, fusion=True)  # a third entry: the oldest two no longer fit
+    left = list(plan_cache.root().glob("*.json"))
+    assert entries[0] not in left and len(left) <= 2
+    assert all(p.with_suffix(".onnx").exists() for p in left)
