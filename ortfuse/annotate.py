@@ -55,7 +55,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output path (default: in place; <name>.fused.onnx with --rewrite)")
     p.add_argument("--rewrite", action="store_true", help="save the fused graph instead of only metadata")
     p.add_argument("--report", metavar="JSON", help="write the fusion report as JSON")
+    p.add_argument("--tune", action="store_true",
+                   help="with --all: measure the auto decisions on this machine (as `ortfuse tune`) and write them "
+                        "into the model, so sessions on this machine class need no measuring")
+    p.add_argument("--batch", type=int, default=1, help="with --tune: first dim of every input (default 1)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="with --tune: a named dynamic dim")
     return p
+
+
+def _tuned(model: onnx.ModelProto, args) -> onnx.ModelProto:
+    """``model`` annotated for auto, with the decisions measured now written into its metadata."""
+    from ortfuse import tune
+
+    tuning = tune.tune(model, None, batch=args.batch, dims=tune.parse_dims(",".join(args.dim)), force=True,
+                       measure=True, progress=True)
+    print(tune.table(tuning))
+    result = annotate(model, None)
+    tune.embed(result, tuning)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         print("ortfuse-annotate: name at least one --pattern ID, or --all, or --disable.", file=sys.stderr)
         return 2
     patterns = None if args.all or not args.patterns else args.patterns
+    if args.tune and (patterns is not None or args.disable or args.rewrite):
+        print("ortfuse-annotate: --tune measures the auto policy over every pattern: use it with --all, "
+              "without --pattern, --disable or --rewrite.", file=sys.stderr)
+        return 2
     try:
         validate_patterns(patterns)
         model = onnx.load(args.model)
@@ -79,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.rewrite and not args.disable:
         out_path = args.output or os.path.splitext(args.model)[0] + ".fused.onnx"
         result = fused if report.applied else annotate(model, patterns)
+    elif args.tune:
+        out_path = args.output or args.model
+        try:
+            result = _tuned(model, args)
+        except ValueError as exc:  # a malformed --dim
+            print(f"ortfuse-annotate: {exc}", file=sys.stderr)
+            return 2
     else:
         out_path = args.output or args.model
         result = annotate(model, patterns, enabled=not args.disable)
@@ -86,5 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         with open(args.report, "w") as fh:
             fh.write(report.to_json())
-    print(f"wrote {out_path}" + (" (fused graph)" if args.rewrite and report.applied else " (metadata only)"))
+    what = " (fused graph)" if args.rewrite and report.applied else " (metadata only)"
+    print(f"wrote {out_path}" + (" (metadata with the measured auto decisions)" if args.tune else what))
     return 0

@@ -8,6 +8,11 @@ Keys live in ``ModelProto.metadata_props`` as strings, so stock ORT reads them t
 - ``ortfuse_version``: the ortfuse version that wrote the annotation.
 - ``ortfuse_graph_digest``: digest of the graph the annotation was written for (a stale annotation
   is detected by comparing it with the digest of the graph being loaded).
+- ``ortfuse_auto_decisions``: the ``fusion="auto"`` decisions measured by ``ortfuse-annotate --tune``
+  (JSON, with the machine/version/shape key they are valid for; ignored wherever the key differs).
+- ``ortfuse_rewritten``: ``"true"`` in a model whose graph ortfuse already rewrote (saved by
+  ``ortfuse-annotate --rewrite``); such a graph is run as is, never matched again. It is needed
+  because a graph lowered to ORT's own ops holds no ortfuse custom op to recognise it by.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ FUSION_ENABLED = "fusion_enabled"
 FUSION_PATTERN_ID = "fusion_pattern_id"
 ORTFUSE_VERSION = "ortfuse_version"
 GRAPH_DIGEST = "ortfuse_graph_digest"
+AUTO_DECISIONS = "ortfuse_auto_decisions"  # JSON written by ``ortfuse-annotate --tune`` (ortfuse.tune)
+REWRITTEN = "ortfuse_rewritten"
 AUTO = "auto"
 
 

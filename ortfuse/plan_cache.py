@@ -140,13 +140,19 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _trim(folder: Path, keep: Path) -> None:
-    entries = sorted((p for p in folder.glob("*.json") if p != keep), key=lambda p: p.stat().st_mtime_ns)
-    sizes = {p: p.stat().st_size + (p.with_suffix(".onnx").stat().st_size if p.with_suffix(".onnx").exists() else 0)
-             for p in entries}
+    """Delete the least recently used entries until the folder holds at most MAX_BYTES (never ``keep``)."""
+    def size(p: Path) -> int:
+        model = p.with_suffix(".onnx")
+        return p.stat().st_size + (model.stat().st_size if model.exists() else 0)
+
+    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+    sizes = {p: size(p) for p in entries}
     total = sum(sizes.values())
     for p in entries:
         if total <= MAX_BYTES:
             break
+        if p == keep:
+            continue
         total -= sizes[p]
         p.unlink(missing_ok=True)
         p.with_suffix(".onnx").unlink(missing_ok=True)

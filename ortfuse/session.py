@@ -232,7 +232,9 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
         return None, _stepped_aside(why_not, fusion, stacklevel=5, patterns=list(patterns)), None
     auto = fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)
     keep = _auto_rule(model, patterns, sess_options) if auto else None
-    depends = [] if keep is None else ([keep.tuning.path] if keep.tuning.path else None)
+    depends = []  # files whose change makes this plan stale; None: the plan must not be cached
+    if keep is not None:
+        depends = [keep.tuning.path] if keep.tuning.path else ([] if keep.tuning.measured else None)
     fused, report = fuse(model, patterns, kernels, keep=keep)
     if keep is not None:
         keep.tuning.annotate(report)

@@ -83,6 +83,8 @@ class Tuning:
     seconds: float = 0.0
     path: str = ""
     from_cache: bool = False
+    origin: str = ""  # "model metadata" when read from the model (ortfuse-annotate --tune)
+    measured: bool = True  # False: nothing was measured nor cached (ORTFUSE_TUNE=off), so nothing is known
 
     def find(self, pattern_id: str, nodes: Iterable[str]) -> Decision | None:
         wanted = (pattern_id, tuple(nodes))
@@ -112,7 +114,7 @@ class Tuning:
             if found is not None:
                 record.fused_ms, record.ort_ms = found.fused_ms, found.ort_ms
         origin = "cached" if self.from_cache else f"measured in {self.seconds:.1f} s"
-        note = f"auto: decisions {origin} ({self.path or 'not cached'})"
+        note = f"auto: decisions {origin} ({self.origin or self.path or 'not cached'})"
         if self.model_check:
             c = self.model_check
             note += (f"; whole model {c['fused_ms']:.3f} ms vs stock ORT {c['ort_ms']:.3f} ms "
@@ -151,16 +153,40 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     key = _cache_key(model, ids, level, threads, sample)
     path = _cache_path(key)
     if not force:
+        embedded = _from_metadata(model, key)
+        if embedded is not None:
+            return embedded
         cached = _read(path)
         if cached is not None:
             return cached
     if not (tuning_enabled() if measure is None else measure):
-        return Tuning(key)
+        return Tuning(key, measured=False)
     start = time.perf_counter()
     tuning = _measure(model, ids, level, threads, sample, key, progress)
     tuning.seconds = round(time.perf_counter() - start, 2)
     tuning.path = str(path)
     _write(path, tuning)
+    return tuning
+
+
+def embed(model: onnx.ModelProto, tuning: Tuning) -> None:
+    """Write the decisions into the model's metadata (``ortfuse-annotate --tune``): a session on
+    this machine class (same key: ISA, versions, options, shapes) then needs no cache and no measuring."""
+    metadata.write_props(model, {metadata.AUTO_DECISIONS: json.dumps(tuning.to_dict(), separators=(",", ":"))})
+
+
+def _from_metadata(model: onnx.ModelProto, key: dict) -> Tuning | None:
+    text = metadata.read_props(model).get(metadata.AUTO_DECISIONS)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        if data.get("format") != FORMAT or data.get("key") != key:
+            return None  # written on another machine, version or shape: not valid here
+        tuning = Tuning.from_dict(data, path="")
+    except (ValueError, KeyError, TypeError):
+        return None
+    tuning.origin = "model metadata"
     return tuning
 
 

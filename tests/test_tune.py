@@ -224,3 +224,39 @@ def test_tune_command_usage_errors(tmp_path, capsys, argv, message):
     onnx.save(hardswish_model(side=8), str(path))
     assert main(["tune", str(path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_annotate_tune_writes_decisions_a_session_uses_without_measuring(tmp_path, monkeypatch, capsys):
+    from ortfuse import metadata
+    from ortfuse.cli import annotate_main
+
+    path = tmp_path / "hs.onnx"
+    onnx.save(hardswish_model(side=32), str(path))
+    assert annotate_main([str(path), "--all", "--tune"]) == 0
+    assert "metadata with the measured auto decisions" in capsys.readouterr().out
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert props[metadata.FUSION_PATTERN_ID] == "auto"
+    embedded = json.loads(props[metadata.AUTO_DECISIONS])
+    assert [d["nodes"] for d in embedded["decisions"]] == [["hs_add", "hs_clip", "hs_div", "hs_mul"]]
+    # a fresh cache: the session finds the decisions in the model and measures nothing
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setattr(tune, "_measure", lambda *a, **k: pytest.fail("measured despite embedded decisions"))
+    session = ortfuse.InferenceSession(str(path))  # fusion=None follows the metadata: auto
+    assert any("model metadata" in n for n in session.fusion_report.notes)
+    assert [m.decision == FUSED for m in session.fusion_report.matches] == [embedded["decisions"][0]["keep"]
+                                                                             and (embedded["model_check"] or {}).get("passed", False)]
+    # decisions written for other shapes are not used there
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry(tune.DIMS_KEY, "batch=3")
+    monkeypatch.setenv(tune.ENV, "off")
+    other = ortfuse.InferenceSession(str(path), so)
+    assert not other.fusion_report.applied and "ortfuse tune" in other.fusion_report.matches[0].reason
+
+
+def test_annotate_tune_needs_all(tmp_path, capsys):
+    from ortfuse.cli import annotate_main
+
+    path = tmp_path / "hs.onnx"
+    onnx.save(hardswish_model(side=8), str(path))
+    assert annotate_main([str(path), "--pattern", "hardswish", "--tune"]) == 2
+    assert "use it with --all" in capsys.readouterr().err
