@@ -16,6 +16,8 @@ COMMANDS = {
     "report": ("ortfuse.report_cli", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
     "tune": ("ortfuse.tune_cli", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
+    "verify": ("ortfuse.verify", "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
+    "profile": ("ortfuse.profiling", "ORT's profiler on the fused and the unfused model: where the time goes"),
 }
 
 
