@@ -13,7 +13,7 @@ import sys
 
 import onnx
 
-from ortfuse import metadata
+from ortfuse import metadata, model_args
 from ortfuse.catalogue import PATTERN_IDS, UnknownPatternError, validate_patterns
 from ortfuse.rewrite import fuse
 
@@ -63,12 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tuned(model: onnx.ModelProto, args) -> onnx.ModelProto:
+def _tuned(model: onnx.ModelProto, batch: int, dims: dict[str, int]) -> onnx.ModelProto:
     """``model`` annotated for auto, with the decisions measured now written into its metadata."""
     from ortfuse import tune
 
-    tuning = tune.tune(model, None, batch=args.batch, dims=tune.parse_dims(",".join(args.dim)), force=True,
-                       measure=True, progress=True)
+    tuning = tune.tune(model, None, batch=batch, dims=dims, force=True, measure=True, progress=True)
     print(tune.table(tuning))
     result = annotate(model, None)
     tune.embed(result, tuning)
@@ -87,13 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         validate_patterns(patterns)
-        model = onnx.load(args.model)
-    except UnknownPatternError as exc:
+        dims = model_args.parse_dims(args.dim)
+        model = model_args.load(args.model)
+    except (UnknownPatternError, model_args.ModelArgError) as exc:
         print(f"ortfuse-annotate: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        print(f"ortfuse-annotate: cannot read {args.model!r} as an ONNX model ({type(exc).__name__}: {exc}).",
-              file=sys.stderr)
         return 2
     fused, report = fuse(model, patterns)
     print(report.table())
@@ -102,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         result = fused if report.applied else annotate(model, patterns)
     elif args.tune:
         out_path = args.output or args.model
-        try:
-            result = _tuned(model, args)
-        except ValueError as exc:  # a malformed --dim
-            print(f"ortfuse-annotate: {exc}", file=sys.stderr)
-            return 2
+        result = _tuned(model, args.batch, dims)
     else:
         out_path = args.output or args.model
         result = annotate(model, patterns, enabled=not args.disable)

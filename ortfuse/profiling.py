@@ -508,21 +508,16 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ortfuse import feeds as _feeds
+    from ortfuse import model_args
     from ortfuse.catalogue import UnknownPatternError
-    from ortfuse.verify import (
-        VerifyError,
-        default_patterns,
-        load_model,
-        parse_dims,
-        resolve_model_arg,
-    )
+    from ortfuse.verify import default_patterns
 
     try:
         if args.top < 1:
             raise ProfileError("--top must be at least 1")
-        path = resolve_model_arg(args.model)
-        model = load_model(path)
-        dims = parse_dims(args.dim)
+        path = model_args.resolve(args.model)
+        model = model_args.load(path)
+        dims = model_args.parse_dims(args.dim)
         try:
             data = _feeds.random_feeds(_feeds.declared_inputs(model), batch=dims.get("batch", 1), dims=dims)
         except _feeds.FeedError as exc:
@@ -538,7 +533,7 @@ def run(args) -> int:
                 plot(result, os.path.join(args.out_dir, "profile.png"), args.top)
             except RuntimeError as exc:  # matplotlib missing
                 result.notes.append(f"no chart: {exc}")
-    except (ProfileError, VerifyError, UnknownPatternError) as exc:
+    except (ProfileError, model_args.ModelArgError, UnknownPatternError) as exc:
         print(f"ortfuse profile: {str(exc).rstrip('.')}.", file=sys.stderr)
         return 2
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_text(result, args.top))

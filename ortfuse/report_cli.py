@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import onnx
-
+from ortfuse import model_args
 from ortfuse.catalogue import UnknownPatternError
 from ortfuse.rewrite import fuse
 
@@ -18,10 +17,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     try:
-        model = onnx.load(args.model)
-    except Exception as exc:
-        print(f"ortfuse report: cannot read {args.model!r} as an ONNX model ({type(exc).__name__}: {exc}).",
-              file=sys.stderr)
+        model = model_args.load(args.model)
+    except model_args.ModelArgError as exc:
+        print(f"ortfuse report: {exc}.", file=sys.stderr)
         return 2
     try:
         _, report = fuse(model, args.patterns)

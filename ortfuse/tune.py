@@ -199,19 +199,9 @@ def dims_from_options(sess_options) -> dict[str, int]:
             text = sess_options.get_session_config_entry(DIMS_KEY)
         except RuntimeError:  # ORT raises for a key that was never set
             return {}
+    from ortfuse.model_args import parse_dims
+
     return parse_dims(text)
-
-
-def parse_dims(text: str) -> dict[str, int]:
-    """"batch=64,seq=128" -> {"batch": 64, "seq": 128}; a malformed entry is a ValueError saying so."""
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
-            raise ValueError(f"tune dims {text!r}: expected name=positive integer pairs separated by commas, "
-                             f"e.g. 'batch=64,seq=128'")
-        out[name.strip()] = int(value)
-    return out
 
 
 def table(tuning: Tuning) -> str:
@@ -289,7 +279,7 @@ class _Cut:
                      .encode())
         for t in self.runtime_inputs:
             h.update(f"in{micro_feeds[t].shape}{micro_feeds[t].dtype}".encode())
-        for name, v in self.constants.items():
+        for v in self.constants.values():
             h.update(f"c{v.shape}{v.dtype}".encode())
         return h.hexdigest()
 

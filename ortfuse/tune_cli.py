@@ -30,28 +30,19 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import onnxruntime as ort
 
-    from ortfuse import tune
-    from ortfuse.bench import BenchError, resolve_model
+    from ortfuse import model_args, tune
     from ortfuse.catalogue import UnknownPatternError
 
     try:
-        dims = tune.parse_dims(",".join(args.dim))
-        src = resolve_model(args.model)
-        level = getattr(ort.GraphOptimizationLevel, args.level.upper())
-    except (ValueError, BenchError) as exc:
-        print(f"ortfuse tune: {exc}", file=sys.stderr)
-        return 2
-    except AttributeError:
-        print(f"ortfuse tune: unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, "
-              "ORT_ENABLE_EXTENDED, ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL.", file=sys.stderr)
-        return 2
-    import onnx
-
-    try:
-        model = onnx.load(src.path)
-    except Exception as exc:
-        print(f"ortfuse tune: cannot read {src.path!r} as an ONNX model ({type(exc).__name__}: {exc}).",
-              file=sys.stderr)
+        dims = model_args.parse_dims(args.dim)
+        level = getattr(ort.GraphOptimizationLevel, args.level.upper(), None)
+        if not isinstance(level, ort.GraphOptimizationLevel):
+            raise model_args.ModelArgError(
+                f"unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, "
+                "ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL")
+        model = model_args.load(model_args.resolve(args.model))
+    except model_args.ModelArgError as exc:
+        print(f"ortfuse tune: {exc}.", file=sys.stderr)
         return 2
     so = ort.SessionOptions()
     so.graph_optimization_level = level

@@ -457,28 +457,6 @@ def format_text(r: VerifyResult) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def parse_dims(items: list[str] | None) -> dict[str, int]:
-    """``["batch=4", "seq=16"]`` -> ``{"batch": 4, "seq": 16}``; VerifyError on a malformed item."""
-    out = {}
-    for item in items or ():
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
-            raise VerifyError(f"--dim takes NAME=VALUE with a positive integer value, got {item!r}")
-        out[name.strip()] = int(value)
-    return out
-
-
-def load_model(path: str) -> onnx.ModelProto:
-    """The model at ``path`` with its external data, or VerifyError saying why it cannot be read."""
-    import onnx
-
-    try:
-        return onnx.load(path)
-    except Exception as exc:  # noqa: BLE001 - missing file, protobuf DecodeError, bad external data...
-        raise VerifyError(f"cannot read {path!r} as an ONNX model ({type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else 'no detail'})") from None
-
-
 def make_feeds(model, npz: str | None, dims: dict[str, int], seed: int = DEFAULT_SEED) -> tuple[dict, str, list[str]]:
     """(feeds, description of their source, notes): arrays from ``npz`` or seeded random ones."""
     from ortfuse import feeds as _feeds
@@ -528,19 +506,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def resolve_model_arg(arg: str) -> str:
-    """A path as given, or the cached path of a zoo model name."""
-    import os
-
-    if os.path.exists(arg) or arg.lower().endswith(".onnx"):
-        return arg
-    from ortfuse import models
-
-    if arg in models.NAMES:
-        return str(models.build(arg))
-    return arg
-
-
 def default_patterns(model, patterns: list[str] | None):
     """``--patterns`` split on commas; else the model's annotated ids (as ``fusion=True`` uses them)."""
     from ortfuse import metadata
@@ -554,17 +519,18 @@ def default_patterns(model, patterns: list[str] | None):
 
 
 def run(args) -> int:
+    from ortfuse import model_args
     from ortfuse.catalogue import UnknownPatternError
 
     try:
         if args.atol < 0 or args.rtol < 0:
             raise VerifyError("--atol and --rtol must not be negative")
-        path = resolve_model_arg(args.model)
-        model = load_model(path)
-        data, source, notes = make_feeds(model, args.inputs, parse_dims(args.dim), args.seed)
+        path = model_args.resolve(args.model)
+        model = model_args.load(path)
+        data, source, notes = make_feeds(model, args.inputs, model_args.parse_dims(args.dim), args.seed)
         result = verify(model, data, default_patterns(model, args.patterns), args.atol, args.rtol,
                         bisect_on_mismatch=not args.no_bisect, label=path, input_source=source)
-    except (VerifyError, UnknownPatternError) as exc:
+    except (VerifyError, model_args.ModelArgError, UnknownPatternError) as exc:
         msg = str(exc).rstrip(".") + "."
         print(f"ortfuse verify: {msg}", file=sys.stderr)
         if getattr(args, "json", False):

@@ -213,7 +213,7 @@ def test_tune_command_measures_then_reads_the_cache(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dim", "seq"], "expected name=positive integer"),
+    (["--dim", "seq"], "is not NAME=VALUE"),
     (["--level", "fast"], "unknown level 'fast'"),
     (["--pattern", "nope"], "unknown fusion pattern id"),
 ])

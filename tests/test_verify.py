@@ -292,7 +292,7 @@ def test_tolerance_options_are_respected_on_a_real_zoo_model(capsys):
     (["{missing}"], "cannot read"),
     (["{garbage}"], "cannot read"),
     (["{model}", "--patterns", "no_such_pattern"], "unknown fusion pattern"),
-    (["{model}", "--dim", "batch"], "NAME=VALUE"),
+    (["{model}", "--dim", "batch"], "is not NAME=VALUE"),
     (["{model}", "--atol", "-1"], "must not be negative"),
 ])
 def test_usage_errors_exit_2_with_one_sentence(capsys, tmp_path, branches_path, argv, words):

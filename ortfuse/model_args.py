@@ -1,0 +1,51 @@
+"""What the command line commands share about their MODEL and --dim arguments, with one wording
+for each error: a path or a zoo name, a model onnx can read, and NAME=N dims."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+
+class ModelArgError(ValueError):
+    """A MODEL or --dim argument that cannot be used; the message is one sentence for the user."""
+
+
+def resolve(arg: str) -> str:
+    """The path of ``arg``: an existing file as given, else the built file of a zoo model name."""
+    if os.path.exists(arg) or arg.lower().endswith(".onnx"):
+        return arg
+    from ortfuse import models
+
+    if arg in models.NAMES:
+        return str(models.build(arg))
+    raise ModelArgError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {', '.join(models.NAMES)}")
+
+
+def load(path: str, external_data: bool = True) -> onnx.ModelProto:
+    """The model at ``path`` (with its external data unless told otherwise)."""
+    import onnx
+
+    try:
+        return onnx.load(path, load_external_data=external_data)
+    except Exception as exc:  # noqa: BLE001 - missing file, protobuf DecodeError, bad external data...
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no detail"
+        raise ModelArgError(f"cannot read {path!r} as an ONNX model ({type(exc).__name__}: {detail})") from None
+
+
+def parse_dims(items: list[str] | str | None) -> dict[str, int]:
+    """``["batch=4", "seq=16"]`` or ``"batch=4,seq=16"`` -> ``{"batch": 4, "seq": 16}``."""
+    if isinstance(items, str):
+        items = items.split(",")
+    out = {}
+    for item in items or ():
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+                raise ModelArgError(f"dim {part!r} is not NAME=VALUE with a positive integer VALUE "
+                                    "(for example batch=64)")
+            out[name.strip()] = int(value)
+    return out
