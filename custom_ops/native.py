@@ -198,6 +198,7 @@ _T_EXPECTED_ONE_OF = cstr("'; expected '+'-joined tokens from: ")
 _T_TOO_MANY = cstr("' has more '+'-joined steps than ")
 _T_NO_MEMORY = cstr("out of memory for kernel state")
 _T_COMMA = cstr(", ")
+_T_MISSING_INPUT = cstr("Missing Input: no tensor given for input ")
 
 
 @njit(cache=True)
@@ -269,8 +270,12 @@ def read_input(api, ctx, index, dims_addr):
     if value == 0:
         return 0, 0, -1, 0
     st = get_tensor_type_and_shape(api, value, tmp + 8)
-    if st != 0:
-        return st, 0, 0, 0
+    if st != 0:  # no tensor (an input fed as None): ORT's own kernels fail with "Missing Input" (ORT_FAIL)
+        release_status(api, st)
+        buf = stack_bytes(MSG_CAP)
+        n = msg_put(buf, MSG_CAP, 0, _T_MISSING_INPUT)
+        n = msg_put_int(buf, MSG_CAP, n, index)
+        return msg_status(api, ORT_FAIL, buf, n), 0, 0, 0
     info = load_i64(tmp + 8)
     elem = 0
     rank = 0

@@ -68,6 +68,7 @@ class GraphIndex:
                 self.consumers.setdefault(name, []).append(node)
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.graph_inputs = {i.name for i in self.graph.input}
+        self.structure_problem = _structure_problem(self.graph, self.graph_inputs | set(self.initializers))
         self.graph_outputs = {o.name for o in self.graph.output}
         self._types: dict[str, tuple[int, Shape | None]] = {}
         self.shape_inference_error = ""
@@ -144,7 +145,8 @@ class GraphIndex:
             tensor = self.initializers[name]
             if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.raw_data:
                 return None
-            return numpy_helper.to_array(tensor), []
+            value = _tensor_value(tensor)
+            return None if value is None else (value, [])
         node = self.producer.get(name)
         if node is None:
             return None
@@ -199,10 +201,49 @@ class GraphIndex:
         return onnx.helper.make_tensor_value_info(name, elem, shape)
 
 
+def _structure_problem(graph: onnx.GraphProto, sources: set[str]) -> str:
+    """Why the graph is not a DAG in SSA form ("" when it is): a tensor defined twice, or a cycle.
+    ORT rejects such graphs itself; matchers that walk producer/consumer links would loop on them."""
+    producers: dict[str, int] = {}
+    for pos, node in enumerate(graph.node):
+        for out in node.output:
+            if out and (out in producers or out in sources):
+                return f"tensor '{out}' is defined more than once"
+            if out:
+                producers[out] = pos
+    # Kahn's algorithm over node positions: a node waits for the producers of its inputs
+    waiting = [0] * len(graph.node)
+    users: dict[int, list[int]] = {}
+    for pos, node in enumerate(graph.node):
+        deps = {producers[i] for i in node_inputs_with_subgraphs(node) if i in producers}
+        waiting[pos] = len(deps)
+        for dep in deps:
+            users.setdefault(dep, []).append(pos)
+    ready = [pos for pos, n in enumerate(waiting) if n == 0]
+    done = 0
+    while ready:
+        pos = ready.pop()
+        done += 1
+        for user in users.get(pos, ()):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                ready.append(user)
+    return "" if done == len(graph.node) else "the graph has a cycle"
+
+
+def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """The tensor's value, or None when its data does not match its type and shape (ORT rejects
+    such a model with its own error; the rewriter treats the tensor as not constant)."""
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception:
+        return None
+
+
 def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     for attr in node.attribute:
         if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
+            return _tensor_value(attr.t)
         if attr.name == "value_float":
             return np.array(attr.f, dtype=np.float32)
         if attr.name == "value_floats":

@@ -2,19 +2,29 @@
 
 Pipeline: match every requested pattern on the original graph (patterns in catalogue priority,
 anchors in graph order, no node claimed twice) -> legality (each matcher returns a Reject with its
-reason) -> rewrite (one fused node per match, placed where its last replaced node was; folded
+reason) -> kernel (``registry.select``) -> rewrite (one fused node per match, or for a ``lowered``
+kernel the few ORT nodes of its ``lowering`` rule, placed where the last replaced node was; folded
 weights as new initializers; dead constants dropped; value_info kept for fused outputs) ->
-metadata and provenance -> ``onnx.checker``. The input model is never modified. Only the top-level
-graph is rewritten: If/Loop/Scan bodies are left alone, and outer tensors they read count as used.
+metadata and provenance -> ``onnx.checker``.
+
+Provenance: every node the rewriter writes has the doc_string ``ortfuse <pattern_id>: replaces
+<names>``; custom-domain nodes also carry the ``pattern_id`` / ``replaced_nodes`` attributes (ORT's
+own ops cannot). Of a lowered group, the node writing the match output is named ``fused_node`` and
+the others ``<fused_node>/<k>``. A rewritten model carries the metadata key ``ortfuse_rewritten``.
+
+The input model is never modified. Only the top-level graph is rewritten: If/Loop/Scan bodies are
+left alone, and outer tensors they read count as used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import re
+
 import onnx
 
-from ortfuse import metadata, registry
+from ortfuse import lowering, metadata, registry
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
 from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
@@ -28,27 +38,52 @@ UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor
 GENERIC_PATTERNS = {"eltwise_chain", "add_relu"}
 
 
+PROVENANCE_DOC = re.compile(r"^ortfuse (\S+): replaces (.*)$")
+
+
 def native_op_types(model: onnx.ModelProto) -> set[str]:
-    """The native fused op types a (fused) model uses."""
+    """The native fused op types a (fused) model uses, lowered groups included."""
     return {n.op_type for n in model.graph.node
             if n.domain == DOMAIN and spec_for_op_type(n.op_type) and not n.op_type.endswith("Ref")}
 
 
 def is_rewritten(model: onnx.ModelProto) -> bool:
-    """True when the graph already holds ortfuse's fused ops (saved by ``ortfuse-annotate --rewrite``)."""
+    """True when the model was saved already fused (``ortfuse-annotate --rewrite``): it carries the
+    ``ortfuse_rewritten`` metadata key, or (models saved before that key) ortfuse's custom ops."""
+    if metadata.read_props(model).get(metadata.REWRITTEN, "").lower() == "true":
+        return True
     return any(n.domain == DOMAIN and spec_for_op_type(n.op_type) for n in model.graph.node)
 
 
+def _provenance(node: onnx.NodeProto) -> tuple[str, str] | None:
+    """(pattern id, comma-joined replaced names) of a node the rewriter wrote, else None."""
+    if node.domain == DOMAIN and spec_for_op_type(node.op_type):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if "pattern_id" in attrs:
+            return attrs["pattern_id"].decode(), attrs.get("replaced_nodes", b"").decode()
+    found = PROVENANCE_DOC.match(node.doc_string or "")
+    return (found.group(1), found.group(2)) if found else None
+
+
 def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
-    """The report of a model saved already fused, rebuilt from its nodes' provenance attributes."""
+    """The report of a model saved already fused, rebuilt from its nodes' provenance: one record per
+    fused op, or per lowered group (the nodes sharing one provenance)."""
     report = FusionReport(applied=True)
+    groups: dict[tuple[str, str], list[onnx.NodeProto]] = {}
     for node in model.graph.node:
-        if node.domain == DOMAIN and spec_for_op_type(node.op_type):
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            pid = attrs.get("pattern_id", b"").decode()
-            replaced = attrs.get("replaced_nodes", b"").decode().split(",")
-            kernel = registry.REFERENCE_LABEL if node.op_type.endswith("Ref") else "native numba"
-            report.matches.append(MatchRecord(pid, replaced, FUSED, fused_node=node.name, kernel=kernel))
+        key = _provenance(node)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    for (pid, replaced), nodes in groups.items():
+        single = nodes[0]
+        if len(nodes) == 1 and single.domain == DOMAIN and spec_for_op_type(single.op_type):
+            kernel = registry.REFERENCE_LABEL if single.op_type.endswith("Ref") else "native numba"
+            fused_node = single.name
+        else:
+            kernel = lowering.label_of(nodes)
+            read = {i for n in nodes for i in n.input}
+            fused_node = next((n.name for n in reversed(nodes) if not set(n.output) & read), nodes[-1].name)
+        report.matches.append(MatchRecord(pid, replaced.split(","), FUSED, fused_node=fused_node, kernel=kernel))
     report.patterns = sorted({m.pattern_id for m in report.matches})
     report.reason = f"model was saved already fused ({len(report.matches)} fused op(s))"
     return report
@@ -61,8 +96,10 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
          kernels: str | None = None, keep: KeepRule | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
 
-    Each fused op gets the kernel ``registry.select`` picks for this CPU (``kernels="reference"``
-    forces the numpy reference path); a match with no kernel stays unfused, with the reason.
+    Each fused op gets the kernel ``registry.select`` picks for this CPU and epilogue: one custom
+    node (native or reference), or the ORT nodes of a lowering rule. ``kernels`` restricts the
+    paths (``"reference"`` forces the numpy reference path; ``"native"``, ``"lowered"`` or
+    ``"lowered:<form>"`` likewise); a match with no kernel stays unfused, with the reason.
     ``keep`` (the auto policy, ``ortfuse verify``'s bisection) sees each legal match, identified by
     pattern id and original node names, and may leave it unfused: it is then reported as disabled
     by policy with the reason ``keep`` returned, and its nodes are still not matched by another pattern.
@@ -83,6 +120,13 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
         report.reason = (f"model opset {ix.opset} is below {MIN_OPSET}, the oldest ORT supports; left as ORT runs it"
                          if ix.opset else "the model imports no ai.onnx opset; left as ORT runs it")
         return out, report
+    if ix.structure_problem:  # ORT rejects the graph itself; walking it could loop
+        report.reason = f"the graph is not a valid DAG ({ix.structure_problem}); left as ORT runs it"
+        return out, report
+    problem = _checker_problem(model)
+    if problem:  # a flaw inside the replaced nodes would vanish: ortfuse would run a model ORT rejects
+        report.reason = f"the model fails onnx.checker ({problem}); left as ORT runs it"
+        return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
     matches = _match_all(ix, ids, report, kernels, keep)
@@ -95,6 +139,7 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
         metadata.FUSION_PATTERN_ID: ",".join(ids),
         metadata.ORTFUSE_VERSION: _version(),
         metadata.GRAPH_DIGEST: metadata.graph_digest(model),
+        metadata.REWRITTEN: "true",
     })
     try:
         onnx.checker.check_model(out)
@@ -108,6 +153,17 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
     report.applied = True
     report.reason = f"{len(matches)} fused op(s)"
     return out, report
+
+
+def _checker_problem(model: onnx.ModelProto) -> str:
+    """Why ``onnx.checker`` with strict shape inference rejects ``model`` (ORT's own load checks are
+    alike: unknown attributes, wrong attribute types, type or shape clashes), or ""."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:  # ValidationError, InferenceError, or a protobuf limit
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+    return ""
 
 
 def _version() -> str:
@@ -143,9 +199,9 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
                 # extensions' Python ops return a rank-0 result as [1]
                 result = Reject(pid, result.nodes, f"rank-0 tensor '{result.output}': the fused op path "
                                                    "does not keep scalar shapes")
-            selection = None
+            selection, lowered = None, {}
             if isinstance(result, Match):
-                selection = registry.select(result.op, "float32", prefer=kernels)
+                selection, lowered = _select(ix, result, kernels)
                 if selection.kernel is None:
                     result = Reject(pid, result.nodes, selection.reason)
             if isinstance(result, Reject):
@@ -155,16 +211,58 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
             for n in result.nodes:
                 claimed[id(n)] = pid
                 ix.claimed.add(id(n))
-            why_not = keep(MatchRecord(pid, names, FUSED, kernel=selection.label)) if keep else ""
+            result.lowered = lowered.get(selection.kernel)
+            label = result.lowered.label if result.lowered else selection.label
+            why_not = keep(MatchRecord(pid, names, FUSED, kernel=label)) if keep else ""
             if why_not:
                 report.matches.append(MatchRecord(pid, names, DISABLED, why_not))
                 continue
             result.op_type = selection.kernel.op_type
             matches.append(result)
             result.node_name = ix.unique_name(f"ortfuse_{pid}_{len(matches) - 1}")
-            record = MatchRecord(pid, names, FUSED, fused_node=result.node_name, kernel=selection.label)
+            if result.lowered:
+                _name_lowered(ix, result, names)
+            record = MatchRecord(pid, names, FUSED, fused_node=result.node_name, kernel=label)
             report.matches.append(record)
     return matches
+
+
+def _select(ix: GraphIndex, m: Match, prefer: str | None) -> tuple[registry.Selection, dict]:
+    """The registry's kernel for ``m``; for a lowered kernel, its nodes (``{kernel: Lowered}``)."""
+    ctx = lowering.Context(ix.opset, lambda hint: ix.unique_name(f"{m.output}/{hint}"), ix.shape)
+    built: dict = {}
+
+    def fits(kernel: registry.Kernel) -> str:
+        if kernel.path == registry.NATIVE:  # a native kernel would fail at run time where ORT runs
+            rank, name = max(((len(ix.shape(t) or ()), t) for t in [*m.inputs, m.output] if t), default=(0, ""))
+            return f"native kernels take rank <= {registry.NATIVE_MAX_RANK}, '{name}' has rank {rank}" \
+                if rank > registry.NATIVE_MAX_RANK else ""
+        if kernel.path != registry.LOWERED:
+            return ""
+        out = lowering.lower(kernel.form, m, ctx)
+        if isinstance(out, str):
+            return out
+        built[kernel] = out
+        return ""
+
+    return registry.select(m.op, "float32", prefer=prefer, variant=m.attrs.get("activation", ""), fits=fits), built
+
+
+def _name_lowered(ix: GraphIndex, m: Match, names: list[str]) -> None:
+    """Name a lowered group (the node writing the output: ``m.node_name``; the others
+    ``<node_name>/<k>``) and write its provenance."""
+    doc = f"ortfuse {m.pattern_id}: replaces {','.join(names)}"
+    k = 0
+    for node in m.lowered.nodes:
+        if m.output in node.output:
+            node.name = m.node_name
+        else:
+            node.name = ix.unique_name(f"{m.node_name}/{k}")
+            k += 1
+        node.doc_string = doc
+        if node.domain == DOMAIN:  # a native op inside the group carries the provenance attributes too
+            node.attribute.extend([onnx.helper.make_attribute("pattern_id", m.pattern_id),
+                                   onnx.helper.make_attribute("replaced_nodes", ",".join(names))])
 
 
 def _explain_near_miss(ix: GraphIndex, matcher, node: onnx.NodeProto, pid: str) -> Reject | None:
@@ -190,10 +288,11 @@ def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None
     new_nodes = []
     for node in graph.node:
         if id(node) in last:
-            new_nodes.append(_fused_node(ix, last[id(node)]))
+            m = last[id(node)]
+            new_nodes.extend(m.lowered.nodes if m.lowered else [_fused_node(ix, m)])
         elif id(node) not in replaced:
             new_nodes.append(node)
-    new_inits = [t for m in matches for t in m.initializers]
+    new_inits = [t for m in matches for t in m.initializers + (m.lowered.initializers if m.lowered else [])]
     del graph.node[:]
     graph.node.extend(new_nodes)
     graph.initializer.extend(new_inits)
@@ -207,8 +306,10 @@ def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None
         vi = ix.value_info(m.output)
         if vi is not None and m.output not in known_vi:
             graph.value_info.append(vi)
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    used = {n.domain for n in graph.node}
+    for domain in (DOMAIN, lowering.MS_DOMAIN):
+        if domain in used and not any(o.domain == domain for o in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
 
 
 def _fused_node(ix: GraphIndex, m: Match) -> onnx.NodeProto:

@@ -293,6 +293,7 @@ class InferenceSession(_ort.InferenceSession):
             path_or_bytes = os.fspath(path_or_bytes)
         self.fusion = fusion
         self._ortfuse_disabled_optimizers: set[str] = set()
+        self._ortfuse_custom_ops = False  # fused ops registered: reference-kernel errors need _run_guarded
         source = path_or_bytes
         plan = None
         provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
@@ -306,6 +307,7 @@ class InferenceSession(_ort.InferenceSession):
             source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
+                self._ortfuse_custom_ops = True
                 sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
                 if why_not:  # native path unavailable: the same fusions on the reference kernels
                     _warn_native_fallback(why_not)
@@ -322,8 +324,61 @@ class InferenceSession(_ort.InferenceSession):
             if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
                 raise
             self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
-            super().__init__(source, _with_custom_ops(sess_options, frozenset())[0], providers, provider_options,
-                             **kwargs)
+            self._ortfuse_custom_ops = True
+            super().__init__(source, _with_custom_ops(sess_options, _saved_native_ops(source, sess_options))[0],
+                             providers, provider_options, **kwargs)
+
+    # A reference (Python-op) kernel cannot fail a run by itself (an exception there aborts the
+    # process, custom_ops/python_ops.py): during a run it stops ORT through the RunOptions, and the
+    # error is raised here as ORT raises a failed node's.
+    def run(self, output_names, input_feed, run_options=None):
+        if not getattr(self, "_ortfuse_custom_ops", False):
+            return super().run(output_names, input_feed, run_options)
+        if isinstance(input_feed, dict) and any(v is None for v in input_feed.values()):
+            self._refuse_missing_reference_inputs(input_feed)
+        return self._run_guarded(super().run, run_options, output_names, input_feed)
+
+    def _refuse_missing_reference_inputs(self, input_feed) -> None:
+        """An input fed as None makes the node reading it fail (ORT: Fail, "Missing Input"); a
+        reference kernel's Python-op wrapper would abort the process instead, so raise ORT's error."""
+        import onnx
+
+        from ortfuse.custom_ops.python_ops import fail
+
+        model = onnx.load_from_string(self._model_bytes) if self._model_bytes else onnx.load(
+            self._model_path, load_external_data=False)
+        read = {i for n in model.graph.node if n.domain == DOMAIN and n.op_type.endswith("Ref") for i in n.input}
+        for name, value in input_feed.items():
+            if value is None and name in read:
+                raise fail(f"Missing Input: {name} (fed None to an ortfuse reference kernel)")
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        if not getattr(self, "_ortfuse_custom_ops", False):
+            return super().run_with_ort_values(output_names, input_dict_ort_values, run_options)
+        return self._run_guarded(super().run_with_ort_values, run_options, output_names, input_dict_ort_values)
+
+    def run_with_iobinding(self, iobinding, run_options=None):
+        if not getattr(self, "_ortfuse_custom_ops", False):
+            return super().run_with_iobinding(iobinding, run_options)
+        return self._run_guarded(super().run_with_iobinding, run_options, iobinding)
+
+    @staticmethod
+    def _run_guarded(call, run_options, *args):
+        from ortfuse.custom_ops.python_ops import reference_run
+
+        options = run_options if run_options is not None else _ort.RunOptions()
+        with reference_run(options) as run:
+            try:
+                result = call(*args, options)
+            except Exception:
+                if run.error is None:
+                    raise
+            finally:
+                if run.error is not None:
+                    options.terminate = False  # the caller's RunOptions stay usable
+        if run.error is not None:
+            raise run.exception() from run.error[1]
+        return result
 
     def _create_inference_session(self, providers, provider_options, disabled_optimizers=None):
         merged = set(disabled_optimizers or ()) | self._ortfuse_disabled_optimizers
@@ -335,6 +390,15 @@ _REGISTERED_KEY = "ortfuse.custom_ops_registered"
 
 _NATIVE_KEY = "ortfuse.native_ops"
 _warned: list[bool] = [False]
+
+
+def _saved_native_ops(source, sess_options) -> frozenset:
+    """The native fused op types of a model saved already fused (they must be added before the
+    library is registered), or none when onnx cannot read it."""
+    from ortfuse.rewrite import native_op_types
+
+    model, _ = _load_for_fusion(source, sess_options) if isinstance(source, (str, bytes)) else (None, "")
+    return frozenset(native_op_types(model)) if model is not None else frozenset()
 
 
 def _warn_native_fallback(reason: str) -> None:

@@ -8,6 +8,8 @@ against; ``run_ortfuse`` runs a model through ``ortfuse.InferenceSession``.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -151,7 +153,45 @@ def run_ortfuse(model: onnx.ModelProto, feeds: dict, **kwargs) -> tuple[list[np.
 
 
 def fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The ortfuse custom-domain nodes (a fused op, or a native op inside a lowered group)."""
     return [n for n in model.graph.node if n.domain == DOMAIN]
+
+
+_PROVENANCE = re.compile(r"^ortfuse (\S+): replaces (.*)$")
+
+
+def fused_groups(model: onnx.ModelProto) -> dict[tuple[str, tuple[str, ...]], list[onnx.NodeProto]]:
+    """Every node the rewriter wrote, by its provenance doc_string: (pattern id, replaced node names)
+    -> nodes in graph order (one custom node per fused op; the ORT nodes of a lowered one)."""
+    groups: dict[tuple[str, tuple[str, ...]], list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        found = _PROVENANCE.match(node.doc_string or "")
+        if found:
+            groups.setdefault((found.group(1), tuple(found.group(2).split(","))), []).append(node)
+    return groups
+
+
+def check_group(record, nodes: list[onnx.NodeProto]) -> None:
+    """A fused record against the nodes carrying its provenance: one custom node named
+    ``fused_node`` with the provenance attributes, or a lowered group whose output node is
+    ``fused_node``, the others ``<fused_node>/<k>``, labelled in the report by its op types."""
+    names = ",".join(record.nodes)
+    assert all(n.doc_string == f"ortfuse {record.pattern_id}: replaces {names}" for n in nodes)
+    for n in nodes:
+        if n.domain == DOMAIN:
+            a = node_attrs(n)
+            assert (a["pattern_id"], a["replaced_nodes"]) == (record.pattern_id, names), a
+    if record.kernel.startswith("lowered to ORT: "):
+        ops = [n.op_type if n.domain == "" else f"{n.domain}:{n.op_type}" for n in nodes]
+        assert record.kernel == "lowered to ORT: " + " + ".join(ops), (record.kernel, ops)
+        read = {i for n in nodes for i in n.input}
+        last = [n for n in nodes if not set(n.output) & read]
+        assert [n.name for n in last] == [record.fused_node], (record.fused_node, [n.name for n in nodes])
+        others = sorted(n.name for n in nodes if n is not last[0])
+        assert others == [f"{record.fused_node}/{k}" for k in range(len(others))], others
+        assert not any(n.op_type.endswith("Ref") for n in nodes)
+    else:
+        assert len(nodes) == 1 and nodes[0].domain == DOMAIN and nodes[0].name == record.fused_node
 
 
 def node_attrs(node: onnx.NodeProto) -> dict:

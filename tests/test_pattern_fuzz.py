@@ -26,7 +26,8 @@ from pattern_graphs import (
     GraphBuilder,
     assert_outputs_close,
     bn_params,
-    fused_nodes,
+    check_group,
+    fused_groups,
     run_ortfuse,
     run_stock,
 )
@@ -286,8 +287,10 @@ def check_fuse_property(model: onnx.ModelProto, feeds: dict, patterns=None):
             assert record.reason.strip(), f"rejected without a reason: {record}"
     if patterns is not None:
         assert {m.pattern_id for m in report.matches} <= set(patterns), report.table()
-    ops = fused_nodes(fused)
-    assert len(ops) == len(report.fused), report.table()
+    groups = fused_groups(fused)  # one fused op, or one lowered group, per fused record
+    assert len(groups) == len(report.fused), report.table()
+    for record in report.fused:
+        check_group(record, groups[(record.pattern_id, tuple(record.nodes))])
     assert report.applied == bool(report.fused)
     left = {n.name for n in fused.graph.node if n.name}
     for record in report.fused:

@@ -2,8 +2,11 @@
 for every rejection reason beside it.
 
 Positive cases assert: the report lists exactly the expected fused pattern(s) with the replaced node
-names; the fused graph holds one ``ai.onnx.contrib`` op per match (with its provenance attributes)
-and none of the replaced nodes; ``onnx.checker`` passes; and the fused model run by
+names; the fused graph holds, per match, one ``ai.onnx.contrib`` op (with its provenance
+attributes) or the ORT nodes the registry lowered it to (named after the fused node, provenance in
+their doc_string, labelled by their op types in the report), and none of the replaced nodes; the
+fused op's attributes are those expected (read on the reference path, which always writes the one
+custom op); ``onnx.checker`` passes; and the fused model run by
 ``ortfuse.InferenceSession`` (and the original with ``fusion=True``) gives the outputs of the
 ORIGINAL model run by stock onnxruntime at ORT_DISABLE_ALL, on odd-sized inputs.
 
@@ -28,9 +31,11 @@ from pattern_graphs import (
     GraphBuilder,
     assert_outputs_close,
     bn_params,
+    check_group,
     epi_gelu_erf_tf,
     epi_gelu_erf_torch,
     epi_hardswish_div_mul,
+    fused_groups,
     fused_nodes,
     node_attrs,
     run_ortfuse,
@@ -80,30 +85,18 @@ def assert_fused(c: Case, patterns=None, rtol=RTOL, atol=ATOL) -> tuple[onnx.Mod
     assert report.applied, report.table()
     assert not [m for m in report.matches if m.decision == REJECTED], report.table()
     onnx.checker.check_model(fused)
-    # the graph: one fused op per match, provenance attributes, no replaced node left
-    ops = fused_nodes(fused)
-    assert len(ops) == len(c.expected)
+    # the graph: per match one fused op, or the ORT nodes it was lowered to, with provenance; no
+    # replaced node left
+    groups = fused_groups(fused)
+    assert sorted((pid, sorted(names)) for pid, names in groups) == want, list(groups)
+    records = {(m.pattern_id, tuple(m.nodes)): m for m in report.fused}
+    for key, nodes in groups.items():
+        check_group(records[key], nodes)
     names = {n.name for n in fused.graph.node}
-    by_prov = {}
-    for op in ops:
-        a = node_attrs(op)
-        assert op.domain == DOMAIN
-        assert a["pattern_id"] in OP_OF_PATTERN or a["pattern_id"] == "eltwise_chain"
-        if a["pattern_id"] != "eltwise_chain":
-            assert op.op_type.startswith(OP_OF_PATTERN[a["pattern_id"]]), (op.op_type, a["pattern_id"])
-        else:
-            assert op.op_type.startswith("FusedEltwiseChain")
-        by_prov[(a["pattern_id"], tuple(sorted(a["replaced_nodes"].split(","))))] = a
     for pid, nodes in c.expected:
         assert not (set(nodes) & names), f"replaced nodes left in the graph: {set(nodes) & names}"
-        assert (pid, tuple(sorted(nodes))) in by_prov
-    for (pid, nodes), want_attrs in zip(c.expected, c.attrs):
-        a = by_prov[(pid, tuple(sorted(nodes)))]
-        for key, value in want_attrs.items():
-            if isinstance(value, float):
-                assert a[key] == pytest.approx(value, rel=1e-6), (key, a[key], value)
-            else:
-                assert a[key] == value, (key, a[key], value)
+    # the fused op's attributes, read from the single custom node of the reference path
+    assert_spec_attrs(c, patterns)
     assert [o.name for o in fused.graph.output] == [o.name for o in c.model.graph.output]
     # numerics against the original model on stock ORT with every optimisation off
     ref = run_stock(c.model, c.feeds)
@@ -113,7 +106,41 @@ def assert_fused(c: Case, patterns=None, rtol=RTOL, atol=ATOL) -> tuple[onnx.Mod
     got_session, rep = run_ortfuse(c.model, c.feeds, fusion=True, fusion_patterns=patterns)
     assert sorted((m.pattern_id, sorted(m.nodes)) for m in rep.fused) == want
     assert_outputs_close(got_session, ref, rtol, atol, c.scale_atol)
+    if any(m.kernel.startswith("lowered") for m in report.fused):  # the reference kernels stay right too
+        ref_fused, _ = fuse(c.model, patterns, kernels="reference")
+        assert_outputs_close(run_ortfuse(ref_fused, c.feeds)[0], ref, rtol, atol, c.scale_atol)
     return fused, report
+
+
+def spec_attrs(c: Case, patterns=None) -> dict[tuple[str, tuple[str, ...]], dict]:
+    """(pattern id, sorted replaced names) -> attributes of the fused op, from the model fused with
+    the reference kernels (one ``ai.onnx.contrib`` node per match, whatever path the default takes)."""
+    fused, _ = fuse(c.model, patterns, kernels="reference")
+    by_prov = {}
+    for op in fused_nodes(fused):
+        a = node_attrs(op)
+        assert op.domain == DOMAIN
+        assert a["pattern_id"] in OP_OF_PATTERN or a["pattern_id"] == "eltwise_chain"
+        if a["pattern_id"] != "eltwise_chain":
+            assert op.op_type == OP_OF_PATTERN[a["pattern_id"]] + "Ref", (op.op_type, a["pattern_id"])
+        else:
+            assert op.op_type.startswith("FusedEltwiseChain")
+        by_prov[(a["pattern_id"], tuple(sorted(a["replaced_nodes"].split(","))))] = a
+    return by_prov
+
+
+def assert_spec_attrs(c: Case, patterns=None) -> None:
+    by_prov = spec_attrs(c, patterns)
+    assert len(by_prov) == len(c.expected)
+    for pid, nodes in c.expected:
+        assert (pid, tuple(sorted(nodes))) in by_prov
+    for (pid, nodes), want_attrs in zip(c.expected, c.attrs):
+        a = by_prov[(pid, tuple(sorted(nodes)))]
+        for key, value in want_attrs.items():
+            if isinstance(value, float):
+                assert a[key] == pytest.approx(value, rel=1e-6), (key, a[key], value)
+            else:
+                assert a[key] == value, (key, a[key], value)
 
 
 def assert_rejected(c: Case, pattern_id: str, reason: str, nodes=None, patterns=None, others_fused=None):
@@ -281,11 +308,19 @@ def test_conv_geometry(geometry):
     c = conv(b, b.input("x", [2, cin, 11, 9]), cin, m, **g)
     n = b.op("BatchNormalization", [c, *bn_params(b, m)], name="bn")
     b.output(b.op("Relu", [n], name="relu"))
-    fused, _ = assert_fused(case(b, ("conv_bn_relu", ["conv", "bn", "relu"]), scale_atol=True))
-    a = node_attrs(fused_nodes(fused)[0])
+    c = case(b, ("conv_bn_relu", ["conv", "bn", "relu"]), scale_atol=True)
+    fused, _ = assert_fused(c)
+    (a,) = spec_attrs(c).values()
     assert a["group"] == GEOMETRIES[geometry].get("group", 1)
     if geometry == "auto_pad_valid":
         assert a["pads"] == "0,0,0,0"
+    # the default path lowers it to one FusedConv carrying the same geometry
+    (lowered,) = fused_groups(fused).values()
+    assert [(n.domain, n.op_type) for n in lowered] == [("com.microsoft", "FusedConv")]
+    la = node_attrs(lowered[0])
+    assert la["group"] == a["group"] and la["pads"] == [int(p) for p in a["pads"].split(",")]
+    assert la["strides"] == GEOMETRIES[geometry].get("strides", [1, 1]) and la["activation"] == "Relu"
+    assert la["dilations"] == GEOMETRIES[geometry].get("dilations", [1, 1])
 
 
 def test_opset6_model_is_left_to_ort():
@@ -316,7 +351,7 @@ def test_conv_bn_then_relu_when_bn_output_is_graph_output_fuses_conv_bn_only():
     n = b.op("BatchNormalization", [c, *bn_params(b, 4)], name="bn")
     b.output(b.op("Relu", [n], name="relu"), n)
     fused, _ = assert_fused(case(b, ("conv_bn_relu", ["conv", "bn"]), scale_atol=True))
-    assert [n.op_type for n in fused.graph.node if n.domain != DOMAIN] == ["Relu"]
+    assert [n.name for n in fused.graph.node if not n.doc_string.startswith("ortfuse ")] == ["relu"]
 
 
 # --- conv_bn_relu: rejections --------------------------------------------------------------------
@@ -1259,13 +1294,18 @@ def test_fuse_does_not_modify_its_input_and_is_idempotent():
     assert not report2.applied and "already holds ortfuse fused ops" in report2.reason
 
 
-def test_fused_model_metadata_and_value_info():
-    c = matmul3d_add_relu()
+@pytest.mark.parametrize("build, domains", [(matmul3d_add_relu, set()), (conv_relu, {"com.microsoft"}),
+                                            (chain_mul_add_relu_constants, {DOMAIN})], ids=["ai.onnx", "ms", "contrib"])
+def test_fused_model_metadata_and_opset_imports(build, domains):
+    """Rewritten models carry the metadata keys and import exactly the extra domains their nodes use."""
+    c = build()
     fused, _ = fuse(c.model)
     props = {p.key: p.value for p in fused.metadata_props}
     assert props["fusion_enabled"] == "true"
     assert props["ortfuse_graph_digest"]
-    assert any(o.domain == DOMAIN for o in fused.opset_import)
+    assert props["ortfuse_rewritten"] == "true"
+    assert {n.domain for n in fused.graph.node} - {""} == domains
+    assert {o.domain for o in fused.opset_import} - {"", "ai.onnx"} == domains
 
 
 # --- If subgraphs reading outer intermediates ----------------------------------------------------

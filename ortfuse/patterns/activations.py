@@ -144,8 +144,11 @@ def match_gelu(ix: GraphIndex, x: str) -> Epilogue | None:
     """ONNX Gelu (opset 20), or its erf or tanh decompositions."""
     op = _next(ix, x, "Gelu")
     if op is not None:
-        kind = "gelu_tanh" if attr(op, "approximate", b"none") in (b"tanh", "tanh") else "gelu"
-        return Epilogue(kind, [op], op.output[0])
+        approximate = attr(op, "approximate", b"none")
+        approximate = approximate.decode(errors="replace") if isinstance(approximate, bytes) else str(approximate)
+        if approximate not in ("none", "tanh"):
+            return None  # ORT rejects any other value when the node runs
+        return Epilogue("gelu_tanh" if approximate == "tanh" else "gelu", [op], op.output[0])
     return match_gelu_erf(ix, x) or match_gelu_tanh(ix, x)
 
 

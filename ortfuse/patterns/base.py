@@ -21,6 +21,7 @@ class Match:
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     op_type: str = ""  # set by the rewriter from the kernel the registry selects
     node_name: str = ""  # set by the rewriter: the fused node's name, unique in the graph
+    lowered: object = None  # set by the rewriter for a lowered kernel: its ``lowering.Lowered``
 
 
 @dataclass

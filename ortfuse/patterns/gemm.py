@@ -77,6 +77,10 @@ def match_gemm_relu_gelu(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject
         return None  # without an epilogue ORT fuses it itself (MatMul+Add -> Gemm)
     nodes = nodes + epilogue.nodes
     problem = float32_problem(ix, node.input[0], epilogue.output) or intermediate_problem(ix, nodes, epilogue.output)
+    x_shape = ix.shape(node.input[0])
+    k = x_shape[-1] if x_shape else None
+    if not problem and isinstance(k, int) and k != w.shape[0]:  # ORT fails such a model at run time, not load
+        problem = f"input '{node.input[0]}' is declared with {k} columns but the weight has {w.shape[0]} rows"
     if problem:
         return Reject(PATTERN, nodes, problem)
     base = f"{ix.name_of(node)}_fused"
