@@ -28,6 +28,7 @@ from ortfuse.custom_ops.specs import SPECS
 
 NATIVE, REFERENCE, LOWERED = "native", "reference", "lowered"
 PATHS = (NATIVE, LOWERED, REFERENCE)
+NO_NATIVE = "no-native"  # a preference, not a path: every kernel that runs without the native ops
 REFERENCE_LABEL = "reference (numpy through onnxruntime-extensions Python op)"
 NATIVE_MAX_RANK = 12  # custom_ops.native.MAX_RANK: native kernels reject tensors of higher rank at run time
 ANY = "any"
@@ -42,6 +43,12 @@ class Kernel:
     priority: int
     form: str = ""  # lowered: the ``lowering.RULES`` key
     variants: tuple[str, ...] = ()  # the epilogues (``activation`` values) served; () = every one
+
+    @property
+    def uses_native(self) -> bool:
+        """True when this kernel needs the native ops registered: a native kernel, or a lowered rule
+        that ends in a native op (its ISA is then the native one, not ``any``)."""
+        return self.path == NATIVE or (self.path == LOWERED and ANY not in self.isas)
 
     @property
     def op_type(self) -> str:
@@ -186,9 +193,12 @@ def kernels_for(op: str, extra: tuple[Kernel, ...] = ()) -> list[Kernel]:
 
 
 def _preferred(kernel: Kernel, prefer: str | None) -> bool:
-    """``prefer``: None (any path), a path name, or ``lowered:<form>`` (that one rule)."""
+    """``prefer``: None (any path), a path name, ``lowered:<form>`` (that one rule), or
+    ``NO_NATIVE`` (any kernel that runs without the native ops: the fallback when they cannot be registered)."""
     if prefer is None:
         return True
+    if prefer == NO_NATIVE:
+        return not kernel.uses_native
     if prefer.startswith(LOWERED + ":"):
         return kernel.path == LOWERED and kernel.form == prefer.split(":", 1)[1]
     return kernel.path == prefer
@@ -199,9 +209,10 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
     """The kernel this CPU runs for (op, dtype, variant).
 
     ``prefer`` restricts the paths: ``"reference"`` forces the reference path, ``"native"`` /
-    ``"lowered"`` that path, ``"lowered:<form>"`` one lowering rule (benchmarks, the tuner).
+    ``"lowered"`` that path, ``"lowered:<form>"`` one lowering rule (benchmarks, the tuner), ``NO_NATIVE``
+    every kernel that runs without the native ops.
     ``fits(kernel)`` returns "" when the kernel can run this match, else why not."""
-    if prefer is not None and prefer not in PATHS and not prefer.startswith(LOWERED + ":"):
+    if prefer is not None and prefer not in (*PATHS, NO_NATIVE) and not prefer.startswith(LOWERED + ":"):
         raise ValueError(f"unknown kernel preference {prefer!r}; use one of {', '.join(PATHS)} or lowered:<form>")
     candidates = [k for k in kernels_for(op, extra) if _preferred(k, prefer) and k.serves(variant)]
     have = _isa.supported_isas()

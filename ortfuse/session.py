@@ -309,11 +309,14 @@ class InferenceSession(_ort.InferenceSession):
             if plan.needs_custom_ops:
                 self._ortfuse_custom_ops = True
                 sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
-                if why_not:  # native path unavailable: the same fusions on the reference kernels
+                if why_not:  # native path unavailable: the same fusions on kernels that need no native op
+                    from ortfuse.registry import NO_NATIVE
+
                     _warn_native_fallback(why_not)
                     plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion,
-                                                            fusion_patterns, kernels="reference")
-                    self.fusion_report.notes.append(f"native kernels unavailable ({why_not}); reference kernels used")
+                                                            fusion_patterns, kernels=NO_NATIVE)
+                    self.fusion_report.notes.append(f"native kernels unavailable ({why_not}); lowered or "
+                                                    "reference kernels used")
                     source = plan.source if plan is not None else path_or_bytes
                     if plan is not None and plan.needs_custom_ops:
                         sess_options, _ = _with_custom_ops(sess_options, frozenset())
@@ -404,7 +407,7 @@ def _saved_native_ops(source, sess_options) -> frozenset:
 def _warn_native_fallback(reason: str) -> None:
     if not _warned[0]:
         _warned[0] = True
-        warnings.warn(f"ortfuse: native kernels unavailable ({reason}); using the reference kernels", stacklevel=3)
+        warnings.warn(f"ortfuse: native kernels unavailable ({reason}); using kernels that need no native op (lowered to ORT or the reference)", stacklevel=3)
 
 
 def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:

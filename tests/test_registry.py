@@ -70,7 +70,7 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
         isa.refresh()
 
 
-def test_unavailable_native_path_warns_once_and_uses_reference(monkeypatch):
+def test_unavailable_native_path_warns_once_and_uses_kernels_without_native_ops(monkeypatch):
     from ortfuse.custom_ops import registration
 
     monkeypatch.setattr(registration, "register_native", lambda so, names: False)
@@ -83,7 +83,9 @@ def test_unavailable_native_path_warns_once_and_uses_reference(monkeypatch):
     relevant = [w for w in caught if "native kernels unavailable" in str(w.message)]
     assert len(relevant) == 1
     for sess in (a, b):
-        assert all(m.kernel.startswith("reference") for m in sess.fusion_report.fused)
+        kernels = {m.pattern_id: m.kernel for m in sess.fusion_report.fused}
+        assert kernels["add_relu"].startswith("reference")  # its only other kernel is native
+        assert kernels["gemm_relu_gelu"].startswith("lowered")  # ORT's own ops need nothing registered
         assert any("simulated: no symbol" in n for n in sess.fusion_report.notes)
     feeds = ffn_inputs()
     expected = onnxruntime.InferenceSession(ffn_matmul_add_relu().SerializeToString()).run(None, feeds)[0]
@@ -116,3 +118,15 @@ def test_reused_options_cannot_take_new_native_ops_and_fall_back():
     assert kernels["silu"].startswith("reference") and kernels["add_relu"].startswith("reference")
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
     np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_no_native_preference_never_picks_a_kernel_that_needs_native_ops():
+    """The fallback when native ops cannot be registered: lowered rules ending in a native op are out too."""
+    if "FusedHardSwish" not in registry._native_ops():
+        pytest.skip("the native path is unavailable here, so every kernel already runs without it")
+    best = registry.select("FusedConvAct", variant="hardswish")
+    assert best.kernel.uses_native  # Conv + native FusedHardSwish wins when it can run
+    fallback = registry.select("FusedConvAct", variant="hardswish", prefer=registry.NO_NATIVE)
+    assert fallback.kernel is not None and not fallback.kernel.uses_native
+    assert fallback.kernel.path == registry.LOWERED  # ORT's HardSwish op or HardSigmoid+Mul, not numpy
+    assert registry.select("FusedAddRelu", prefer=registry.NO_NATIVE).kernel.path == registry.REFERENCE
