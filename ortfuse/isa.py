@@ -126,6 +126,28 @@ def _detect() -> tuple[frozenset[str], str]:
     return frozenset({"sse2"}), "assumed"
 
 
+@functools.lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """A cheap identity of this CPU for cache keys: its /proc/cpuinfo model name and feature flags
+    (no LLVM load, which costs ~40 MB of RSS), else the platform's processor string."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            wanted = {}
+            for line in fh:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags") and key not in wanted:
+                    wanted[key] = line.split(":", 1)[1].strip()
+                if len(wanted) == 2:
+                    break
+        if wanted:
+            return " | ".join(f"{k}: {v}" for k, v in sorted(wanted.items()))
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
 def host_features() -> frozenset[str]:
     """The features of this CPU (cached; ignores ``ORTFUSE_ISA``)."""
     return _detect()[0]

@@ -4,8 +4,9 @@ parsing, matching, tuning and serializing, and hands ORT the fused model saved t
 Key: the model's identity (a path's resolved name, size and mtime; sha256 of bytes), the fusion
 request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
 level, intra-op threads, ``ortfuse.tune_dims``), the environment (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``,
-``ORTFUSE_TUNE``), this CPU's ISA, the onnxruntime / extensions / numba versions, and a digest of
-ortfuse's own source files (a changed rewriter never serves an old plan).
+``ORTFUSE_TUNE``), this CPU (``isa.fingerprint``), the onnxruntime / extensions / numba versions, and a digest of
+ortfuse's own source files (a changed rewriter never serves an old plan). The CPU is identified by
+``isa.fingerprint`` (no LLVM load), so a cache hit costs no more memory than stock ORT.
 An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
 ``<key>.onnx`` (the fused model). Entries may name files they depend on (the auto policy's decisions)
 with their mtime; a changed or missing dependency makes the entry stale. Writes are atomic (the JSON
@@ -85,7 +86,7 @@ def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> 
         return None
     parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
              _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
-             sorted(isa.cpu_features()), _code_digest()]
+             isa.fingerprint(), _code_digest()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
