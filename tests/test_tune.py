@@ -159,7 +159,10 @@ def test_metadata_auto_means_tuned_for_fusion_none_and_true(monkeypatch):
 def _tune_with(monkeypatch, first_look, timed, model_check):
     """Run the tuner on the FFN fixture with the clock replaced by fixed (fused, ORT) times."""
     monkeypatch.setattr(tune, "_best_of", lambda f, o, n: first_look)
-    calls = iter([timed, timed, model_check])
+    def with_repeats(pair):  # (fused, ORT) -> what _time_pair returns: also each repeat's ratio
+        return pair if len(pair) == 3 else (*pair, [pair[0] / pair[1]] * tune.REPEATS)
+
+    calls = iter([with_repeats(timed), with_repeats(timed), with_repeats(model_check)])
     monkeypatch.setattr(tune, "_time_pair", lambda f, o, budget: next(calls))
     return tune.tune(ffn_matmul_add_relu(), force=True)
 
@@ -169,6 +172,19 @@ def test_keep_threshold_is_the_margin(monkeypatch, timed, keep):
     tuning = _tune_with(monkeypatch, (1.0, 1.0), timed, (0.5, 1.0))
     assert [d.keep for d in tuning.decisions] == [keep, keep]
     assert all(d.fused_ms == timed[0] and d.ort_ms == timed[1] for d in tuning.decisions)
+
+
+def test_a_win_must_hold_in_every_repeat(monkeypatch):
+    tuning = _tune_with(monkeypatch, (1.0, 1.0), (0.9, 1.0, [0.85, 0.9, 1.01]), (0.5, 1.0))
+    assert [d.keep for d in tuning.decisions] == [False, False]
+    assert "not faster in every repeat" in tuning.decisions[0].reason
+
+
+@pytest.mark.parametrize("model_check, passed", [((0.97, 1.0), True), ((0.99, 1.0), False),
+                                                  ((0.9, 1.0, [0.8, 0.9, 1.02]), False)])
+def test_whole_model_must_win_by_the_limit_in_every_repeat(monkeypatch, model_check, passed):
+    tuning = _tune_with(monkeypatch, (1.0, 1.0), (0.5, 1.0), model_check)
+    assert tuning.model_check["passed"] is passed
 
 
 def test_clear_loss_is_not_timed_further(monkeypatch):
