@@ -489,7 +489,9 @@ def _tune_ahead(src: ModelSource, configs, spinning, threads, batch) -> float | 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sess = make_session("ortfuse_auto", src.path, spinning=spinning, threads=threads, batch=batch)
-    return 0.0 if any("decisions cached" in n for n in sess.fusion_report.notes) else time.perf_counter() - t0
+    cached = ("decisions cached", "plan read from ortfuse's cache")
+    return 0.0 if any(n.startswith(c) or c in n for n in sess.fusion_report.notes for c in cached) \
+        else time.perf_counter() - t0
 
 
 def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) -> tuple[dict, dict]:
