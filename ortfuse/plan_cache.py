@@ -43,7 +43,7 @@ def _code_digest() -> str:
     import ortfuse.custom_ops
 
     h = hashlib.sha256()
-    for base in {Path(ortfuse.__file__).parent, Path(ortfuse.custom_ops.__file__).parent}:
+    for base in sorted({Path(ortfuse.__file__).parent, Path(ortfuse.custom_ops.__file__).parent}):  # set order varies
         for path in sorted(base.rglob("*.py")):
             h.update(str(path.relative_to(base)).encode())
             h.update(path.read_bytes())

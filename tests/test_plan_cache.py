@@ -155,3 +155,15 @@ def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
     newest = max(left, key=lambda p: p.stat().st_mtime_ns)
     assert newest not in entries  # the entry just written is never the one trimmed
     assert sum(p.stat().st_size + p.with_suffix(".onnx").stat().st_size for p in left) <= plan_cache.MAX_BYTES
+
+
+def test_code_digest_is_the_same_in_every_process():
+    """Regression: the digest iterated a set of folders, whose order follows the per-process string
+    hash seed, so another process (the bench's memory child) missed the cache about half the time."""
+    import subprocess
+    import sys
+
+    digests = {subprocess.run([sys.executable, "-c", "from ortfuse import plan_cache; print(plan_cache._code_digest())"],
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
+                              check=True).stdout.strip() for seed in (0, 1, 2, 3)}
+    assert digests == {plan_cache._code_digest()}
