@@ -368,7 +368,10 @@ def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str
 
 
 def _best_of(fused_run, ort_run, n: int) -> tuple[float, float]:
-    """(fused, ORT) fastest of ``n`` alternated single runs, in ms: a quick first look."""
+    """(fused, ORT) fastest of ``n`` alternated single runs after one untimed run each, in ms: a quick
+    first look (first runs pay for allocations and thread-pool start-up)."""
+    fused_run()
+    ort_run()
     best = {"fused": float("inf"), "ort": float("inf")}
     for _ in range(n):
         for name, fn in (("fused", fused_run), ("ort", ort_run)):

@@ -65,7 +65,11 @@ def test_auto_keeps_a_fusion_measured_to_win_and_computes_what_ort_computes():
     if not _native_available():
         pytest.skip("the native kernel path is unavailable in this process: no fused kernel can beat ORT")
     model = hardswish_model()
-    session = ortfuse.InferenceSession(model, fusion="auto")
+    so = onnxruntime.SessionOptions()
+    # one intra-op thread: the verdict must not hang on how fast a busy second core wakes up (under
+    # pytest -n 2 the other worker keeps it busy, and ORT's ParallelFor then waits for it)
+    so.intra_op_num_threads = 1
+    session = ortfuse.InferenceSession(model, so, fusion="auto")
     report = session.fusion_report
     assert report.applied, report.table()
     (record,) = report.matches
