@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -323,6 +324,10 @@ class InferenceSession(_ort.InferenceSession):
         try:
             super().__init__(source, sess_options, providers, provider_options, **kwargs)
         except Exception as exc:
+            if plan is not None and isinstance(source, str) and source != path_or_bytes and source in str(exc):
+                # ORT names the file it loaded (the fused copy in ortfuse's plan cache): name the caller's
+                given = path_or_bytes if isinstance(path_or_bytes, str) else "the model bytes"
+                raise type(exc)(str(exc).replace(source, f"{given} (fused by ortfuse into {source})")) from exc
             # fusion=False does not parse the model; one saved already fused still needs our ops.
             if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
                 raise
@@ -389,6 +394,8 @@ class InferenceSession(_ort.InferenceSession):
 
 
 _REGISTERED_KEY = "ortfuse.custom_ops_registered"
+_default_options: dict[frozenset, _ort.SessionOptions] = {}  # see _with_custom_ops
+_default_options_lock = threading.Lock()
 
 
 _NATIVE_KEY = "ortfuse.native_ops"
@@ -418,7 +425,16 @@ def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
     from ortfuse.custom_ops import registration
 
     if sess_options is None:
-        sess_options = _ort.SessionOptions()
+        # Every registration of the extensions library keeps its op domains until the process exits
+        # (about 3.5 KiB per SessionOptions, measured): sessions made without options share one
+        # registered SessionOptions per native op set, so a process creating many stays flat.
+        with _default_options_lock:
+            if native_ops not in _default_options:
+                options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops)
+                if why_not:
+                    return options, why_not
+                _default_options[native_ops] = options
+            return _default_options[native_ops], ""
     if _config_entry(sess_options, _REGISTERED_KEY) == "1":
         have = set(filter(None, _config_entry(sess_options, _NATIVE_KEY).split(",")))
         missing = set(native_ops) - have

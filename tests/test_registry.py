@@ -76,6 +76,7 @@ def test_unavailable_native_path_warns_once_and_uses_kernels_without_native_ops(
     monkeypatch.setattr(registration, "register_native", lambda so, names: False)
     monkeypatch.setattr(registration, "native_unavailable_reason", lambda names=(): "simulated: no symbol")
     monkeypatch.setattr(session, "_warned", [False])
+    monkeypatch.setattr(session, "_default_options", {})  # options registered by earlier tests would skip the patch
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion=True)
