@@ -137,6 +137,23 @@ sessions came out at 1.003 (A/A) and 1.009 (ortfuse_auto) of the baseline. Stock
 libraries: its latency was the same with and without the variables (62-78 ms either way, same minute)."""
 
 
+def measuring_options(level, *, threads: int = 0, spinning: bool = DEFAULT_SPINNING):
+    """SessionOptions for a session that is timed: ``level``, errors-only logging (ORT's warnings
+    would break the tables), ``threads`` intra-op threads (0: ORT's default), and ORT's pool threads
+    sleeping after a run unless ``spinning`` (see ``SPINNING_EVIDENCE``)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0,
                  batch: int = 1):
     """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider.
@@ -144,14 +161,7 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
     import onnxruntime as ort
 
     cfg = CONFIGS[config] if isinstance(config, str) else config
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, cfg.level)
-    so.log_severity_level = 3  # errors only: ORT's warnings would break the table
-    if threads:
-        so.intra_op_num_threads = int(threads)
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so = measuring_options(getattr(ort.GraphOptimizationLevel, cfg.level), threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if cfg.fusion == "auto":
         from ortfuse.tune import DIMS_KEY

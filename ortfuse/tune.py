@@ -151,8 +151,8 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     dims = {**asked, **(dims or {})}
     batch = int(dims.get("batch", batch))
     declared = feeds.declared_inputs(model)
-    sample = feeds.random_feeds(declared, batch=batch, dims=dims, seed=0)
-    key = _cache_key(model, ids, level, threads, sample)
+    shapes = {name: feeds.concrete_shape(decl, batch, dims) for name, _, decl in declared}
+    key = _cache_key(model, ids, level, threads, shapes)
     path = _cache_path(key)
     if not force:
         embedded = _from_metadata(model, key)
@@ -164,6 +164,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     if not (tuning_enabled() if measure is None else measure):
         return Tuning(key, measured=False)
     start = time.perf_counter()
+    sample = feeds.random_feeds(declared, batch=batch, dims=dims, seed=0)  # only now: the key needs shapes only
     tuning = _measure(model, ids, level, threads, sample, key, progress)
     tuning.seconds = round(time.perf_counter() - start, 2)
     tuning.path = str(path)
@@ -323,16 +324,9 @@ def _capture(model: onnx.ModelProto, tensors: set[str], sample: dict) -> dict[st
 
 
 def _options(level, threads: int):
-    import onnxruntime as ort
+    from ortfuse.bench import measuring_options
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return so
+    return measuring_options(level, threads=threads, spinning=False)
 
 
 def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str, level, threads) -> Decision:
@@ -434,7 +428,7 @@ def _versions() -> dict:
     return out
 
 
-def _cache_key(model, ids, level, threads, sample) -> dict:
+def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]]) -> dict:
     from ortfuse import isa
 
     return {
@@ -445,7 +439,7 @@ def _cache_key(model, ids, level, threads, sample) -> dict:
         "level": str(level),
         "threads": threads,
         "patterns": list(ids),
-        "inputs": {k: list(v.shape) for k, v in sample.items()},
+        "inputs": shapes,
         "margin": MARGIN,
         "model_limit": MODEL_LIMIT,
     }
