@@ -10,8 +10,10 @@ the C++ exception leave ``Compute`` (``terminate called after throwing pybind11:
 So when one of our references fails (a run-time shape that does not broadcast, say) while a run
 started by ``ortfuse.InferenceSession`` is active on this thread (``reference_run``), the hook
 records the error, sets that run's ``RunOptions.terminate`` (ORT stops before the next node), and
-returns an empty output; the session then raises the error. Without such a run (``run_async``,
-ORT's parallel executor) there is nobody to hand the error to, and it propagates as before.
+returns an empty output; the session then raises the error. ORT's parallel executor runs nodes on
+its inter-op threads, where no run is active: sessions using it take ``shared`` runs, one at a time
+per process, which the hook falls back to. (``run_async`` is a guarded run on a thread of ours,
+``ortfuse.session``.) Without any such run, the error propagates as before.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _array_hook(k_id, feed, attributes):
     try:
         result = op.body(*feed, **op.cast_attributes(attributes))
     except Exception as exc:
-        run = getattr(_local, "run", None)
+        run = getattr(_local, "run", None) or _shared_run[0]
         if run is None or run.error is not None or op.op_type not in _OUR_OPS:
             raise  # nobody to hand the error to: extensions aborts the process
         run.error = (op.op_type, exc)
@@ -52,6 +54,8 @@ def _array_hook(k_id, feed, attributes):
 
 _OUR_OPS = frozenset(spec.ref_op_type for spec in SPECS.values())
 _local = threading.local()
+_shared_run: list = [None]  # the run of a parallel-executor session, see reference_run(shared=True)
+_shared_lock = threading.Lock()
 
 
 class ReferenceRun:
@@ -76,13 +80,22 @@ def fail(message: str) -> Exception:
 
 
 @contextlib.contextmanager
-def reference_run(options):
-    """Make reference-kernel errors of the run on this thread stop it through ``options.terminate``."""
+def reference_run(options, shared: bool = False):
+    """Make reference-kernel errors of the run on this thread stop it through ``options.terminate``.
+
+    ``shared``: the run's kernels may run on other threads (ORT's parallel executor); such runs are
+    serialised process-wide so that an error on any thread belongs to the one shared run."""
     previous = getattr(_local, "run", None)
     run = _local.run = ReferenceRun(options)
+    if shared:
+        _shared_lock.acquire()
+        _shared_run[0] = run
     try:
         yield run
     finally:
+        if shared:
+            _shared_run[0] = None
+            _shared_lock.release()
         _local.run = previous
 
 

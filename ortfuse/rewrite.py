@@ -47,6 +47,12 @@ def native_op_types(model: onnx.ModelProto) -> set[str]:
             if n.domain == DOMAIN and spec_for_op_type(n.op_type) and not n.op_type.endswith("Ref")}
 
 
+def reference_op_inputs(model: onnx.ModelProto) -> frozenset[str] | None:
+    """The tensor names read by the model's reference (Python-op) kernels, or None when it has none."""
+    ref = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type.endswith("Ref") and spec_for_op_type(n.op_type)]
+    return frozenset(i for n in ref for i in n.input if i) if ref else None
+
+
 def is_rewritten(model: onnx.ModelProto) -> bool:
     """True when the model was saved already fused (``ortfuse-annotate --rewrite``): it carries the
     ``ortfuse_rewritten`` metadata key, or (models saved before that key) ortfuse's custom ops."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import sys
 import threading
 import warnings
@@ -51,6 +52,7 @@ class _Plan:
     disabled_optimizers: set[str] = field(default_factory=set)
     needs_custom_ops: bool = False
     native_ops: frozenset = frozenset()  # native fused op types the model uses
+    reference_inputs: frozenset | None = None  # tensors read by reference (Python-op) kernels; None: none
 
 
 def _config_entry(sess_options, key: str) -> str:
@@ -181,7 +183,8 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         stored = plan_cache.store(cache_key, {"report": report.to_dict(),
                                               "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
                                               "needs_custom_ops": bool(plan and plan.needs_custom_ops),
-                                              "native_ops": sorted(plan.native_ops) if plan else []},
+                                              "native_ops": sorted(plan.native_ops) if plan else [],
+                                              "reference_inputs": _sorted_or_none(plan.reference_inputs if plan else None)},
                                   plan.source if plan else None, depends)
         if stored:  # ORT reads the fused model from the file: no copy of it stays in Python's memory
             plan.source = stored
@@ -195,8 +198,14 @@ def _plan_from_cache(entry: dict) -> tuple[_Plan | None, FusionReport]:
         _warn_stale(stacklevel=5)
     if not entry["applied"]:
         return None, report
+    reference_inputs = entry.get("reference_inputs")
     return _Plan(entry["model_path"], report, set(entry["disabled_optimizers"]), entry["needs_custom_ops"],
-                 frozenset(entry["native_ops"])), report
+                 frozenset(entry["native_ops"]),
+                 frozenset(reference_inputs) if reference_inputs is not None else None), report
+
+
+def _sorted_or_none(names) -> list | None:
+    return sorted(names) if names is not None else None
 
 
 _STALE_NOTE = "stale annotation"
@@ -209,7 +218,7 @@ def _warn_stale(stacklevel: int) -> None:
 
 def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Plan | None, FusionReport, list | None]:
     """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
-    from ortfuse.rewrite import fuse, is_rewritten, native_op_types, report_of_rewritten
+    from ortfuse.rewrite import fuse, is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
 
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
@@ -217,7 +226,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
         return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"]), None
     if is_rewritten(model):  # saved by `ortfuse-annotate --rewrite`: run it as is, with our ops registered
         report = report_of_rewritten(model)
-        return _Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model))), report, None
+        return _Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model)),
+                     reference_inputs=reference_op_inputs(model)), report, None
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
@@ -253,7 +263,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
         return None, report, None
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
     plan = _Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
-                 frozenset(native_op_types(fused)))
+                 frozenset(native_op_types(fused)), reference_op_inputs(fused))
     return plan, report, depends
 
 
@@ -294,7 +304,9 @@ class InferenceSession(_ort.InferenceSession):
             path_or_bytes = os.fspath(path_or_bytes)
         self.fusion = fusion
         self._ortfuse_disabled_optimizers: set[str] = set()
-        self._ortfuse_custom_ops = False  # fused ops registered: reference-kernel errors need _run_guarded
+        # tensors read by reference (Python-op) kernels, None when there are none: runs then need
+        # _run_guarded, and with ORT's parallel executor they also take _PARALLEL_REFERENCE_RUNS
+        self._ortfuse_reference_inputs: frozenset | None = None
         source = path_or_bytes
         plan = None
         provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
@@ -308,7 +320,6 @@ class InferenceSession(_ort.InferenceSession):
             source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
-                self._ortfuse_custom_ops = True
                 sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
                 if why_not:  # native path unavailable: the same fusions on kernels that need no native op
                     from ortfuse.registry import NO_NATIVE
@@ -321,6 +332,8 @@ class InferenceSession(_ort.InferenceSession):
                     source = plan.source if plan is not None else path_or_bytes
                     if plan is not None and plan.needs_custom_ops:
                         sess_options, _ = _with_custom_ops(sess_options, frozenset())
+            if plan is not None:
+                self._ortfuse_reference_inputs = plan.reference_inputs
         try:
             super().__init__(source, sess_options, providers, provider_options, **kwargs)
         except Exception as exc:
@@ -332,50 +345,65 @@ class InferenceSession(_ort.InferenceSession):
             if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
                 raise
             self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
-            self._ortfuse_custom_ops = True
-            super().__init__(source, _with_custom_ops(sess_options, _saved_native_ops(source, sess_options))[0],
-                             providers, provider_options, **kwargs)
+            native_ops, self._ortfuse_reference_inputs = _saved_fused_ops(source, sess_options)
+            super().__init__(source, _with_custom_ops(sess_options, native_ops)[0], providers, provider_options, **kwargs)
+        self._ortfuse_parallel = (self._ortfuse_reference_inputs is not None and sess_options is not None
+                                  and sess_options.execution_mode == _ort.ExecutionMode.ORT_PARALLEL)
 
     # A reference (Python-op) kernel cannot fail a run by itself (an exception there aborts the
     # process, custom_ops/python_ops.py): during a run it stops ORT through the RunOptions, and the
-    # error is raised here as ORT raises a failed node's.
+    # error is raised here as ORT raises a failed node's. Sessions without reference kernels run
+    # exactly as ORT's (native kernels return ORT error statuses themselves).
     def run(self, output_names, input_feed, run_options=None):
-        if not getattr(self, "_ortfuse_custom_ops", False):
+        if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run(output_names, input_feed, run_options)
-        if isinstance(input_feed, dict) and any(v is None for v in input_feed.values()):
+        if isinstance(input_feed, dict):
             self._refuse_missing_reference_inputs(input_feed)
         return self._run_guarded(super().run, run_options, output_names, input_feed)
 
     def _refuse_missing_reference_inputs(self, input_feed) -> None:
         """An input fed as None makes the node reading it fail (ORT: Fail, "Missing Input"); a
         reference kernel's Python-op wrapper would abort the process instead, so raise ORT's error."""
-        import onnx
-
         from ortfuse.custom_ops.python_ops import fail
 
-        model = onnx.load_from_string(self._model_bytes) if self._model_bytes else onnx.load(
-            self._model_path, load_external_data=False)
-        read = {i for n in model.graph.node if n.domain == DOMAIN and n.op_type.endswith("Ref") for i in n.input}
         for name, value in input_feed.items():
-            if value is None and name in read:
+            if value is None and name in self._ortfuse_reference_inputs:
                 raise fail(f"Missing Input: {name} (fed None to an ortfuse reference kernel)")
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
-        if not getattr(self, "_ortfuse_custom_ops", False):
+        if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run_with_ort_values(output_names, input_dict_ort_values, run_options)
         return self._run_guarded(super().run_with_ort_values, run_options, output_names, input_dict_ort_values)
 
     def run_with_iobinding(self, iobinding, run_options=None):
-        if not getattr(self, "_ortfuse_custom_ops", False):
+        if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run_with_iobinding(iobinding, run_options)
         return self._run_guarded(super().run_with_iobinding, run_options, iobinding)
 
-    @staticmethod
-    def _run_guarded(call, run_options, *args):
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+        """ORT runs ``run_async`` on its own threads, where a failing reference kernel could not stop
+        the run: with reference kernels the run is a guarded ``run`` on a new thread, calling back
+        as ORT does: ``callback(outputs, user_data, "")``, or ``callback([], user_data, message)``."""
+        if getattr(self, "_ortfuse_reference_inputs", None) is None:
+            return super().run_async(output_names, input_feed, callback, user_data, run_options)
+        self._validate_input(list(input_feed.keys()))  # ORT raises these in the caller's thread
+        self._validate_ortvalue_ownership(input_feed.values())
+
+        def run_and_call_back():
+            try:
+                outputs = self.run(output_names, input_feed, run_options)
+            except Exception as exc:
+                callback([], user_data, _status_message(exc))
+            else:
+                callback(outputs, user_data, "")
+
+        threading.Thread(target=run_and_call_back, name="ortfuse-run-async", daemon=True).start()
+
+    def _run_guarded(self, call, run_options, *args):
         from ortfuse.custom_ops.python_ops import reference_run
 
         options = run_options if run_options is not None else _ort.RunOptions()
-        with reference_run(options) as run:
+        with reference_run(options, shared=self._ortfuse_parallel) as run:
             try:
                 result = call(*args, options)
             except Exception:
@@ -402,13 +430,25 @@ _NATIVE_KEY = "ortfuse.native_ops"
 _warned: list[bool] = [False]
 
 
-def _saved_native_ops(source, sess_options) -> frozenset:
+def _saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]:
     """The native fused op types of a model saved already fused (they must be added before the
-    library is registered), or none when onnx cannot read it."""
-    from ortfuse.rewrite import native_op_types
+    library is registered) and the tensors its reference kernels read (None: it has none).
+    When onnx cannot read it: no native ops, and every run guarded as if reference kernels read every input."""
+    from ortfuse.rewrite import native_op_types, reference_op_inputs
 
     model, _ = _load_for_fusion(source, sess_options) if isinstance(source, (str, bytes)) else (None, "")
-    return frozenset(native_op_types(model)) if model is not None else frozenset()
+    if model is None:
+        return frozenset(), frozenset()
+    return frozenset(native_op_types(model)), reference_op_inputs(model)
+
+
+_ORT_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+def _status_message(exc: Exception) -> str:
+    """The text ORT hands a ``run_async`` callback for a failed run: the status message, without
+    the ``[ONNXRuntimeError] : code : NAME :`` prefix its Python exceptions add."""
+    return _ORT_STATUS_PREFIX.sub("", str(exc))
 
 
 def _warn_native_fallback(reason: str) -> None:
@@ -421,13 +461,17 @@ def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
     """Register our fused ops and the onnxruntime-extensions library on the options, once per options.
 
     Returns (options, "") or (options, why the native ops could not be registered). The library reads
-    the op list when it is registered, so options registered before cannot take new native ops."""
+    the op list when it is registered, so options registered before cannot take new native ops: when
+    a model needs any, all of them are registered (as cheap as one: 0.88 s either way, measured), and
+    the same options serve the next model too. A model needing none registers none (no numba import)."""
     from ortfuse.custom_ops import registration
 
+    if native_ops:
+        native_ops = registration.native_op_types() | native_ops
     if sess_options is None:
         # Every registration of the extensions library keeps its op domains until the process exits
         # (about 3.5 KiB per SessionOptions, measured): sessions made without options share one
-        # registered SessionOptions per native op set, so a process creating many stays flat.
+        # registered SessionOptions per native op set (none, or all), so a process creating many stays flat.
         with _default_options_lock:
             if native_ops not in _default_options:
                 options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops)

@@ -116,3 +116,101 @@ def test_native_gemm_shape_error_has_stock_exception_type():
         fused.run(None, bad)
     good = {"x": np.arange(8, dtype=np.float32).reshape(2, 4) - 3}
     np.testing.assert_allclose(fused.run(None, good)[0], stock.run(None, good)[0], rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# reference (Python-op) kernel errors off the caller's thread: run_async and ORT's parallel executor
+# (both aborted the process before: the error had no run to stop)
+# --------------------------------------------------------------------------------------------------
+def _two_reference_branches():
+    """Two independent FusedAddReluRef nodes (parallel branches) saved already fused, and the same
+    graph in stock ops (Add -> Relu per branch) for stock ORT's answer."""
+    from onnx import TensorProto, helper
+
+    from ortfuse.custom_ops.specs import DOMAIN
+
+    def graph(nodes):
+        io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("A", "B")]
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("O1", "O2")]
+        return helper.make_model(helper.make_graph(nodes, "g", io, outs),
+                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+
+    fused = graph([helper.make_node("FusedAddReluRef", ["A", "B"], [o], domain=DOMAIN, name=o,
+                                    pattern_id="add_relu", replaced_nodes="a,r") for o in ("O1", "O2")])
+    stock = graph([n for o in ("O1", "O2") for n in (helper.make_node("Add", ["A", "B"], [o + "s"]),
+                                                      helper.make_node("Relu", [o + "s"], [o]))])
+    return fused, stock
+
+
+BAD = {"A": np.ones((2, 3), np.float32), "B": np.ones(4, np.float32)}
+GOOD = {"A": np.float32([[-1, 2, 3]]), "B": np.float32([1, -3, 0])}
+WANT = np.maximum(GOOD["A"] + GOOD["B"], 0)
+
+
+def test_run_async_reference_kernel_error_calls_back_like_stock_ort():
+    """Stock ORT calls back ([], user_data, status message) for a run that fails; so does a fused
+    session whose reference kernel fails, and the next good run calls back with the outputs."""
+    import onnxruntime
+
+    fused_model, stock_model = _two_reference_branches()
+    fused = ortfuse.InferenceSession(fused_model.SerializeToString())
+    stock = onnxruntime.InferenceSession(stock_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = {}
+
+    def run_async(session, feeds):
+        done = threading.Event()
+
+        def callback(results, user_data, err):
+            got[id(session)] = (results, user_data, err)
+            done.set()
+
+        session.run_async(None, feeds, callback, "user")
+        assert done.wait(60), "run_async never called back"
+        return got[id(session)]
+
+    for session in (stock, fused):
+        results, user_data, err = run_async(session, BAD)
+        assert results == [] and user_data == "user", (results, user_data)
+        assert err.startswith("Non-zero status code returned while running "), err
+        assert ("FusedAddReluRef node (ortfuse reference kernel)" in err) == (session is fused), err
+        results, user_data, err = run_async(session, GOOD)
+        assert err == "" and len(results) == 2, err
+        np.testing.assert_allclose(results[0], WANT, rtol=1e-6)
+        np.testing.assert_allclose(results[1], WANT, rtol=1e-6)
+    with pytest.raises(ValueError, match="missing from input feed"):  # raised in the caller's thread, as ORT does
+        fused.run_async(None, {"A": GOOD["A"]}, lambda *a: None, None)
+
+
+def test_parallel_executor_reference_kernel_error_raises_and_threads_go_on():
+    """ORT_PARALLEL runs the two branches on inter-op threads: a failing reference kernel there raises
+    ORT's Fail in the caller (stock ORT raises Fail for its failing Add), good runs stay right, from
+    four threads at once."""
+    import onnxruntime
+
+    fused_model, stock_model = _two_reference_branches()
+    options = onnxruntime.SessionOptions()
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_PARALLEL
+    options.inter_op_num_threads = 2
+    fused = ortfuse.InferenceSession(fused_model.SerializeToString(), options)
+    stock = onnxruntime.InferenceSession(stock_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    Fail = onnxruntime.capi.onnxruntime_pybind11_state.Fail
+    with pytest.raises(Exception) as stock_error:
+        stock.run(None, BAD)
+    assert stock_error.type is Fail
+    raised, wrong, lock = [0], [0], threading.Lock()
+
+    def worker(k):
+        for i in range(60):
+            if (k + i) % 2:
+                with pytest.raises(Fail, match="FusedAddReluRef node .*broadcast"):
+                    fused.run(None, BAD)
+                with lock:
+                    raised[0] += 1
+            else:
+                out = fused.run(None, GOOD)
+                with lock:
+                    wrong[0] += not all(np.allclose(o, WANT, rtol=1e-6) for o in out)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(worker, range(4), timeout=300))
+    assert raised[0] == 120 and wrong[0] == 0, (raised, wrong)

@@ -106,17 +106,38 @@ def _add_relu_then_silu():
     return model, {k: rng.standard_normal((3, 7)).astype(np.float32) for k in ("x", "y")}
 
 
-def test_reused_options_cannot_take_new_native_ops_and_fall_back():
+def test_reused_options_take_every_native_op_a_later_model_needs():
+    """The extensions library reads its op list when registered on the options: the first model that
+    needs any native op registers all of them, so the same options serve a model needing others."""
     so = onnxruntime.SessionOptions()
     model, feeds = _add_relu_then_silu()
     first = ortfuse.InferenceSession(model, so, fusion=True, fusion_patterns=["add_relu"])
     assert first.fusion_report.counts() == {"add_relu": 1}
     assert first.fusion_report.fused[0].kernel.startswith("native")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        second = ortfuse.InferenceSession(model, so, fusion=True)
+    kernels = {m.pattern_id: m.kernel for m in second.fusion_report.fused}
+    assert set(kernels) == {"add_relu", "silu"}
+    assert all(k.startswith("native") for k in kernels.values()), kernels
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_options_registered_without_native_ops_fall_back_for_a_model_needing_them():
+    """Options first used for a model with no native op (reference kernels only: numba is not even
+    imported for it) cannot take native ops later: the fused ops then run without them, with a warning."""
+    so = onnxruntime.SessionOptions()
+    model, feeds = _add_relu_then_silu()
+    saved, _ = ortfuse.fuse(model, ["add_relu"], kernels="reference")
+    first = ortfuse.InferenceSession(saved.SerializeToString(), so)
+    assert "saved already fused" in first.fusion_report.reason
     with pytest.warns(UserWarning, match="registered before") if not session._warned[0] else warnings.catch_warnings():
         second = ortfuse.InferenceSession(model, so, fusion=True)
     kernels = {m.pattern_id: m.kernel for m in second.fusion_report.fused}
     assert set(kernels) == {"add_relu", "silu"}
     assert kernels["silu"].startswith("reference") and kernels["add_relu"].startswith("reference")
+    assert any("registered before" in n for n in second.fusion_report.notes), second.fusion_report.notes
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
     np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
 
