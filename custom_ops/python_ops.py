@@ -11,9 +11,9 @@ So when one of our references fails (a run-time shape that does not broadcast, s
 started by ``ortfuse.InferenceSession`` is active on this thread (``reference_run``), the hook
 records the error, sets that run's ``RunOptions.terminate`` (ORT stops before the next node), and
 returns an empty output; the session then raises the error. ORT's parallel executor runs nodes on
-its inter-op threads, where no run is active: sessions using it take ``shared`` runs, one at a time
-per process, which the hook falls back to. (``run_async`` is a guarded run on a thread of ours,
-``ortfuse.session``.) Without any such run, the error propagates as before.
+its inter-op threads and ``run_async`` on an intra-op pool thread, where no run is active on the
+thread: such runs are ``shared``, one at a time per process, and the hook falls back to the shared
+run. Without any run, the error propagates as before.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class ReferenceRun:
     def __init__(self, options) -> None:
         self.options = options
         self.error: tuple[str, BaseException] | None = None
+        self.previous: ReferenceRun | None = None
+        self.shared = self.on_this_thread = self.ended = False
 
     def exception(self) -> Exception:
         """The error as ORT reports a failed node: its ``Fail`` exception."""
@@ -79,24 +81,46 @@ def fail(message: str) -> Exception:
     return Fail(f"[ONNXRuntimeError] : 1 : FAIL : {message}")
 
 
-@contextlib.contextmanager
-def reference_run(options, shared: bool = False):
-    """Make reference-kernel errors of the run on this thread stop it through ``options.terminate``.
+def begin_run(options, shared: bool = False, on_this_thread: bool = True) -> ReferenceRun:
+    """Start a run whose reference-kernel errors stop it through ``options.terminate``.
 
-    ``shared``: the run's kernels may run on other threads (ORT's parallel executor); such runs are
-    serialised process-wide so that an error on any thread belongs to the one shared run."""
-    previous = getattr(_local, "run", None)
-    run = _local.run = ReferenceRun(options)
+    ``on_this_thread``: the run's kernels may run on the calling thread (every executor but run_async).
+    ``shared``: they may run on other threads (ORT's parallel executor, run_async's pool thread); such
+    runs are serialised process-wide so that an error on any thread belongs to the one shared run.
+    Every run begun is ended with ``end_run`` (from any thread)."""
+    run = ReferenceRun(options)
+    if on_this_thread:
+        run.previous = getattr(_local, "run", None)
+        _local.run = run
     if shared:
         _shared_lock.acquire()
         _shared_run[0] = run
+    run.shared, run.on_this_thread = shared, on_this_thread
+    return run
+
+
+def end_run(run: ReferenceRun) -> None:
+    """End ``run`` (once; a second call does nothing) and reset its RunOptions' terminate flag."""
+    if run.ended:
+        return
+    run.ended = True
+    if run.error is not None:
+        run.options.terminate = False  # the caller's RunOptions stay usable
+    if run.shared:
+        _shared_run[0] = None
+        _shared_lock.release()
+    if run.on_this_thread:
+        _local.run = run.previous
+
+
+@contextlib.contextmanager
+def reference_run(options, shared: bool = False):
+    """``begin_run`` .. ``end_run`` around a run made on this thread."""
+    run = begin_run(options, shared)
     try:
         yield run
     finally:
-        if shared:
-            _shared_run[0] = None
-            _shared_lock.release()
-        _local.run = previous
+        end_run(run)
 
 
 def register_python_ops() -> None:

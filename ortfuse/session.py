@@ -246,7 +246,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
     depends = []  # files whose change makes this plan stale; None: the plan must not be cached
     if keep is not None:
         depends = [keep.tuning.path] if keep.tuning.path else ([] if keep.tuning.measured else None)
-    fused, report = fuse(model, patterns, kernels, keep=keep)
+    fused, report = fuse(model, patterns, kernels, keep=keep,
+                         precision=_config_entry(sess_options, "ortfuse.precision") or None)  # opt-in: registry.py
     if keep is not None:
         keep.tuning.annotate(report)
     if stale:
@@ -381,23 +382,28 @@ class InferenceSession(_ort.InferenceSession):
         return self._run_guarded(super().run_with_iobinding, run_options, iobinding)
 
     def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
-        """ORT runs ``run_async`` on its own threads, where a failing reference kernel could not stop
-        the run: with reference kernels the run is a guarded ``run`` on a new thread, calling back
-        as ORT does: ``callback(outputs, user_data, "")``, or ``callback([], user_data, message)``."""
+        """With reference kernels, the run is a shared guarded run (one at a time per process; a
+        call waits for the one in flight): a failing reference kernel stops it, and the callback
+        gets ``([], user_data, message)`` as for any failed run."""
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run_async(output_names, input_feed, callback, user_data, run_options)
-        self._validate_input(list(input_feed.keys()))  # ORT raises these in the caller's thread
-        self._validate_ortvalue_ownership(input_feed.values())
+        from ortfuse.custom_ops.python_ops import begin_run, end_run
 
-        def run_and_call_back():
-            try:
-                outputs = self.run(output_names, input_feed, run_options)
-            except Exception as exc:
-                callback([], user_data, _status_message(exc))
+        options = run_options if run_options is not None else _ort.RunOptions()
+        run = begin_run(options, shared=True, on_this_thread=False)
+
+        def finish(outputs, data, err):
+            end_run(run)
+            if run.error is not None:
+                callback([], data, _status_message(run.exception()))
             else:
-                callback(outputs, user_data, "")
+                callback(outputs, data, err)
 
-        threading.Thread(target=run_and_call_back, name="ortfuse-run-async", daemon=True).start()
+        try:
+            return super().run_async(output_names, input_feed, finish, user_data, options)
+        except BaseException:  # refused before it started (ORT raises these in the caller's thread)
+            end_run(run)
+            raise
 
     def _run_guarded(self, call, run_options, *args):
         from ortfuse.custom_ops.python_ops import reference_run
@@ -409,9 +415,6 @@ class InferenceSession(_ort.InferenceSession):
             except Exception:
                 if run.error is None:
                     raise
-            finally:
-                if run.error is not None:
-                    options.terminate = False  # the caller's RunOptions stay usable
         if run.error is not None:
             raise run.exception() from run.error[1]
         return result

@@ -12,7 +12,8 @@ duplicated tensor name or a cycle.
 ``ortfuse.InferenceSession(fusion=True)`` must either both succeed with outputs equal to stock ORT
 at ORT_DISABLE_ALL (rtol 1e-4, atol 1e-5 x max(1, max|ref|), NaN where ORT gives NaN; when nothing
 was fused, ORT ran the very same model, and stock ORT's outputs are the reference), or raise the
-same exception class. Choices go through a ``Chooser`` so hypothesis (shrinking) and a plain seeded
+same exception class. ``compare(..., execution)`` runs both sides through ``run``, ORT's parallel
+executor or ``run_async`` (``EXECUTIONS``). Choices go through a ``Chooser`` so hypothesis (shrinking) and a plain seeded
 random generator (the campaign) drive the same code.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -354,25 +356,47 @@ class Outcome:
     phase: str = ""          # "load" or "run"
 
 
-def _options(level=None) -> ort.SessionOptions:
+# How a case is run, for both stock ORT and ortfuse: ``run``; ``parallel`` (ORT's parallel executor,
+# two inter-op threads); ``run_async`` (the callback's error string stands for the exception, whose
+# class ORT does not hand over: both must fail, or both succeed with equal outputs).
+EXECUTIONS = ("run", "parallel", "run_async")
+ASYNC_ERROR = "run_async error"
+
+
+def _options(level=None, execution: str = "run") -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.log_severity_level = 4
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = 2 if execution == "run_async" else 1  # ORT's run_async needs a pool thread
+    if execution == "parallel":
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads = 2
     if level is not None:
         so.graph_optimization_level = level
     return so
 
 
-def run(factory, feeds) -> tuple[Outcome, object]:
+def _run_async(sess, feeds) -> list:
+    done, got = threading.Event(), []
+    sess.run_async(None, feeds, lambda outputs, _, err: (got.append((outputs, err)), done.set()), None)
+    if not done.wait(120):
+        raise TimeoutError("run_async never called back")
+    outputs, err = got[0]
+    if err:
+        raise RuntimeError(f"{ASYNC_ERROR}: {err}")
+    return outputs
+
+
+def run(factory, feeds, execution: str = "run") -> tuple[Outcome, object]:
     phase = "load"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sess = factory()
         phase = "run"
-        return Outcome(True, sess.run(None, feeds)), sess
+        return Outcome(True, _run_async(sess, feeds) if execution == "run_async" else sess.run(None, feeds)), sess
     except Exception as exc:  # the class is what is compared
-        return Outcome(False, error=type(exc).__name__, message=str(exc)[:300], phase=phase), None
+        error = ASYNC_ERROR if str(exc).startswith(ASYNC_ERROR) else type(exc).__name__
+        return Outcome(False, error=error, message=str(exc)[:300], phase=phase), None
 
 
 def _close(got: list, ref: list) -> str:
@@ -405,13 +429,14 @@ class Verdict:
     ours: Outcome | None = None
 
 
-def compare(model_bytes: bytes, feeds: dict) -> Verdict:
-    """Stock ORT vs ortfuse(fusion=True) on one model: see the module docstring."""
+def compare(model_bytes: bytes, feeds: dict, execution: str = "run") -> Verdict:
+    """Stock ORT vs ortfuse(fusion=True) on one model, both run the ``execution`` way: see the module docstring."""
     import ortfuse
 
-    stock, _ = run(lambda: ort.InferenceSession(model_bytes, _options(), providers=["CPUExecutionProvider"]), feeds)
-    ours, sess = run(lambda: ortfuse.InferenceSession(model_bytes, _options(), providers=["CPUExecutionProvider"],
-                                                      fusion=True), feeds)
+    stock, _ = run(lambda: ort.InferenceSession(model_bytes, _options(execution=execution),
+                                                providers=["CPUExecutionProvider"]), feeds, execution)
+    ours, sess = run(lambda: ortfuse.InferenceSession(model_bytes, _options(execution=execution),
+                                                      providers=["CPUExecutionProvider"], fusion=True), feeds, execution)
     fused = bool(sess is not None and sess.fusion_report.applied)
     if not stock.ok:
         if ours.ok:

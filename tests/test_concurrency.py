@@ -179,6 +179,12 @@ def test_run_async_reference_kernel_error_calls_back_like_stock_ort():
         np.testing.assert_allclose(results[1], WANT, rtol=1e-6)
     with pytest.raises(ValueError, match="missing from input feed"):  # raised in the caller's thread, as ORT does
         fused.run_async(None, {"A": GOOD["A"]}, lambda *a: None, None)
+    one_thread = onnxruntime.SessionOptions()
+    one_thread.intra_op_num_threads = 1  # no pool thread to run on: ORT refuses run_async at once
+    for session in (onnxruntime.InferenceSession(stock_model.SerializeToString(), one_thread),
+                    ortfuse.InferenceSession(fused_model.SerializeToString(), one_thread)):
+        with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument, match="at least one thread"):
+            session.run_async(None, GOOD, lambda *a: None, None)
 
 
 def test_parallel_executor_reference_kernel_error_raises_and_threads_go_on():

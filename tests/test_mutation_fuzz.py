@@ -2,7 +2,7 @@
 value_info and graph inputs / outputs, swapped inputs, bad initializers, other opsets, duplicated
 names, cycles. Stock ORT and ortfuse(fusion=True) must agree: equal outputs (rtol 1e-4, atol 1e-5
 x max(1, max|ref|), against stock ORT at ORT_DISABLE_ALL) or the same exception class; never a crash
-or hang. Seeded (derandomize, no database) so CI sees the same cases every run; long campaigns:
+or hang, whether run by ``run``, ORT's parallel executor or ``run_async``. Seeded (derandomize, no database) so CI sees the same cases every run; long campaigns:
 tools/fuzz_campaign.py, whose crash fixtures (tests/fixtures/crashes/) are replayed here."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mutation_models import MUTATIONS, HypothesisChooser, base_model, compare, mutate
+from mutation_models import EXECUTIONS, MUTATIONS, HypothesisChooser, base_model, compare, mutate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMPAIGN = os.path.join(ROOT, "tools", "fuzz_campaign.py")
@@ -43,7 +43,9 @@ def test_mutated_models_agree_with_stock_ort(kind):
         if c.choice([False, True]):
             model, feeds, what = mutate(c, model, feeds, c.choice(MUTATIONS))
             steps.append(what)
-        verdict = compare(model.SerializeToString(), feeds)
+        execution = c.choice(EXECUTIONS)
+        steps.append(f"execution {execution}")
+        verdict = compare(model.SerializeToString(), feeds, execution)
         seen[verdict.kind] += 1
         seen["fused"] += verdict.fused
         assert verdict.kind != "mismatch", f"{' | '.join(steps)}: {verdict.detail}"

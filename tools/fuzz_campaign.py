@@ -11,6 +11,9 @@ case ``i`` uses the seed ``SEED * 10_000_000 + i``, so any case is reproduced by
 The property (``mutation_models.compare``): both succeed with outputs equal to stock ORT at
 ORT_DISABLE_ALL (rtol 1e-4, atol 1e-5 x max(1, max|ref|)), or both raise the same exception class.
 
+Executions: case ``seed`` runs both sides through ``run``, ORT's parallel executor or ``run_async``
+(``seed % 3``; mutation_models.EXECUTIONS).
+
 Kernels: odd-numbered workers run with ``ORTFUSE_NATIVE=0`` (numpy reference kernels through
 onnxruntime-extensions' Python ops), the others with the native kernels (``--no-mix-reference``: all
 native). Each worker first loads ortfuse and its kernels on three cases that are not counted.
@@ -42,6 +45,14 @@ SEED_STRIDE = 10_000_000
 
 def case_seed(seed: int, i: int) -> int:
     return seed * SEED_STRIDE + i
+
+
+def execution_for(seed: int) -> str:
+    """How case ``seed`` is run on both sides (mutation_models.EXECUTIONS): run, ORT's parallel
+    executor or run_async, in turn."""
+    import mutation_models as mm
+
+    return mm.EXECUTIONS[seed % len(mm.EXECUTIONS)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +107,9 @@ def worker_main() -> int:
         _selftest_fault(seed)
         try:
             data, feeds, steps = mm.make_case(mm.Chooser(seed))
-            record = {"seed": seed, "steps": steps, **_verdict_record(mm.compare(data, feeds))}
+            execution = execution_for(seed)
+            record = {"seed": seed, "steps": steps, "execution": execution,
+                      **_verdict_record(mm.compare(data, feeds, execution))}
         except Exception as exc:  # a bug of the generator or of compare itself: report, keep going
             record = {"seed": seed, "steps": [], "kind": "harness_error", "detail": f"{type(exc).__name__}: {exc}",
                       "fused": False, "error": ""}
@@ -117,19 +130,22 @@ def replay_main(seed: int | None, paths: list[str] | None) -> int:
     if path:
         data, feeds = mm.load_case(path)
         note = path[:-5] + ".txt"
-        steps = [path]
+        steps, execution = [path], "run"
         if os.path.exists(note):
             with open(note) as fh:
                 steps = [fh.read().strip()]
+            execution = next((line.split(":", 1)[1].strip() for line in steps[0].splitlines()
+                              if line.startswith("execution:")), "run")
     else:
         data, feeds, steps = mm.make_case(mm.Chooser(seed))
-    print("case:", " | ".join(steps))
+        execution = execution_for(seed)
+    print("case:", " | ".join(steps), f"(execution: {execution})")
     print("feeds:", {k: (v.dtype.name, v.shape) for k, v in feeds.items()})
     try:
         print(onnx.printer.to_text(onnx.load_from_string(data).graph)[:4000])
     except Exception as exc:
         print(f"(model not printable: {type(exc).__name__})")
-    v = mm.compare(data, feeds)
+    v = mm.compare(data, feeds, execution)
     print(f"verdict: {v.kind} {v.detail}" + (f" [{os.path.basename(path)}]" if path else ""), flush=True)
     for label, o in (("stock", v.stock), ("ortfuse", v.ours)):
         if o is not None and not o.ok:
@@ -212,7 +228,8 @@ def _save(kind: str, seed: int, detail: str, directory: str) -> str:
         data, feeds, steps = mm.make_case(mm.Chooser(seed))
     except Exception as exc:  # the generator itself failed on this seed (a harness error): nothing to save
         return f"(not saved: the case cannot be generated: {type(exc).__name__}: {exc})"
-    note = f"{kind} found by tools/fuzz_campaign.py, case seed {seed}\n" + " | ".join(steps) + "\n" + detail
+    note = (f"{kind} found by tools/fuzz_campaign.py, case seed {seed}\nexecution: {execution_for(seed)}\n"
+            + " | ".join(steps) + "\n" + detail)
     return mm.save_case(directory, f"{kind}_{seed}", data, feeds, note)
 
 
@@ -250,6 +267,7 @@ def campaign(args) -> int:
                 counts["tried"] += 1
                 counts[record["kind"]] += 1
                 counts["fused"] += bool(record.get("fused"))
+                counts["execution " + record.get("execution", "?")] += 1
                 if record["kind"] not in ("both_ok", "both_raised"):
                     problems.append(record)
                     tqdm.write(f"{record['kind']}: seed {seed}: {' | '.join(record.get('steps', []))}\n  "
@@ -270,12 +288,13 @@ def campaign(args) -> int:
     summary = {"cases_tried": counts["tried"], "both_ok": counts["both_ok"], "both_raised": counts["both_raised"],
                "fusion_applied": counts["fused"], "crashes": counts["crash"], "hangs": counts["hang"],
                "mismatches": counts["mismatch"], "harness_errors": counts["harness_error"],
+               "executions": {k.split(" ", 1)[1]: v for k, v in counts.items() if k.startswith("execution ")},
                "seconds": round(elapsed, 1), "seed": args.seed, "workers": args.workers,
                "problems": [{k: v for k, v in p.items() if k != "steps"} | {"steps": p.get("steps", [])}
                             for p in problems]}
     print(f"\ncases tried {summary['cases_tried']} in {elapsed:.0f} s ({args.workers} workers): "
           f"{summary['both_ok']} both ran (equal outputs), {summary['both_raised']} both raised the same class; "
-          f"fusion applied in {summary['fusion_applied']}")
+          f"fusion applied in {summary['fusion_applied']}; run as {summary['executions']}")
     print(f"crashes {summary['crashes']}, hangs {summary['hangs']}, mismatches {summary['mismatches']}, "
           f"harness errors {summary['harness_errors']}")
     if args.json:
