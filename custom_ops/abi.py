@@ -244,6 +244,8 @@ API_INDEX = {
     "KernelInfoGetAttribute_float": 85,
     "KernelInfoGetAttribute_int64": 86,
     "KernelInfoGetAttribute_string": 87,
+    "KernelInfoGetAttributeArray_float": 162,
+    "KernelInfoGetAttributeArray_int64": 163,
     "KernelContext_GetInputCount": 88,
     "KernelContext_GetOutputCount": 89,
     "KernelContext_GetInput": 90,
@@ -268,6 +270,8 @@ GET_ALLOCATOR_WITH_DEFAULT_OPTIONS = 78
 KERNEL_INFO_GET_ATTRIBUTE_FLOAT = 85
 KERNEL_INFO_GET_ATTRIBUTE_INT64 = 86
 KERNEL_INFO_GET_ATTRIBUTE_STRING = 87
+KERNEL_INFO_GET_ATTRIBUTE_ARRAY_FLOAT = 162
+KERNEL_INFO_GET_ATTRIBUTE_ARRAY_INT64 = 163
 KERNEL_CONTEXT_GET_INPUT_COUNT = 88
 KERNEL_CONTEXT_GET_OUTPUT_COUNT = 89
 KERNEL_CONTEXT_GET_INPUT = 90
@@ -557,6 +561,13 @@ kernel_info_get_string = _make_call_intrinsic(4, "i64", KERNEL_INFO_GET_ATTRIBUT
                                               "kernel_info_get_string")
 """kernel_info_get_string(api, info, name_addr, out_addr, size_addr): *size is the buffer size in,
 the length including NUL out; a too-small buffer gives an error status (and the needed size)."""
+kernel_info_get_floats = _make_call_intrinsic(4, "i64", KERNEL_INFO_GET_ATTRIBUTE_ARRAY_FLOAT,
+                                              "kernel_info_get_floats")
+"""kernel_info_get_floats(api, info, name_addr, out_addr, size_addr): a FLOATS attribute as float32
+values; *size is the capacity in elements in, the count out (too small: error status, needed count)."""
+kernel_info_get_ints = _make_call_intrinsic(4, "i64", KERNEL_INFO_GET_ATTRIBUTE_ARRAY_INT64, "kernel_info_get_ints")
+"""kernel_info_get_ints(api, info, name_addr, out_addr, size_addr): an INTS attribute as int64, like
+kernel_info_get_floats."""
 context_input_count = _make_call_intrinsic(2, "i64", KERNEL_CONTEXT_GET_INPUT_COUNT, "context_input_count")
 context_output_count = _make_call_intrinsic(2, "i64", KERNEL_CONTEXT_GET_OUTPUT_COUNT, "context_output_count")
 context_get_input = _make_call_intrinsic(3, "i64", KERNEL_CONTEXT_GET_INPUT, "context_get_input")

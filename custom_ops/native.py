@@ -15,11 +15,14 @@ What ORT holds pointers to (all of it lives until the process exits):
   the ``const OrtApi*`` ORT passed, the record, and the attributes read with
   ``KernelInfoGetAttribute_*``. ``KernelDestroy`` puts the slot back on the free list, which grows
   with ``malloc`` when empty and never shrinks: the number of slots is the peak number of live
-  kernels (sessions x fused nodes), never a fixed limit.
+  kernels (sessions x fused nodes), never a fixed limit. A kernel may keep one malloc'd buffer in
+  the slot word ``S_OWNED`` (native_amx.py: packed weights); KernelDestroy frees it.
 
 Attribute kinds: ``float`` (stored as float64), ``int`` (int64) and ``choice``: a string attribute
 read once in ``CreateKernelV2`` and stored as codes, e.g. ``activation="relu+gelu"`` with choices
 ``("relu", "gelu", ...)`` becomes ``[2, 0, 1]`` (count, then the index of each ``+``-joined token).
+``ints`` / ``floats`` (ONNX INTS / FLOATS, ``KernelInfoGetAttributeArray_*``) are stored the same
+way: the count, then each value (int64, or float64 for floats), at most ``max_steps`` of them.
 Provenance attributes (``pattern_id``, ``replaced_nodes``) are never read.
 
 Threads (``set_threading``): a compute splits its work into blocks and runs the worker on them
@@ -54,6 +57,7 @@ from ortfuse.custom_ops.abi import (
     ORT_INVALID_ARGUMENT,
     atomic_cas_i64,
     atomic_xchg_i64,
+    c_free,
     c_malloc,
     context_get_input,
     context_get_output,
@@ -67,7 +71,9 @@ from ortfuse.custom_ops.abi import (
     icall2_void,
     icall3_void,
     kernel_info_get_float,
+    kernel_info_get_floats,
     kernel_info_get_int64,
+    kernel_info_get_ints,
     kernel_info_get_string,
     load_f32,
     load_i32,
@@ -99,12 +105,14 @@ RECORD_MAGIC = 0x4F52544655534531  # "ORTFUSE1"
 # attribute descriptor: one per attribute, ATTR_WORDS words each
 AD_NAME, AD_KIND, AD_SLOT, AD_REQUIRED, AD_DEFAULT, AD_CHOICES, AD_N_CHOICES, AD_MAX_STEPS = range(8)
 ATTR_WORDS = 8
-KIND_FLOAT, KIND_INT, KIND_CHOICE = 0, 1, 2
+KIND_FLOAT, KIND_INT, KIND_CHOICE, KIND_INTS, KIND_FLOATS = 0, 1, 2, 3, 4
+ATTR_KINDS = {"float": KIND_FLOAT, "int": KIND_INT, "choice": KIND_CHOICE, "ints": KIND_INTS, "floats": KIND_FLOATS}
 
 # kernel state slot
 SLOT_WORDS = 64
 SLOT_BYTES = 8 * SLOT_WORDS
 S_STATE, S_API, S_RECORD, S_POOL = 0, 1, 2, 3
+S_OWNED = 4                        # a malloc'd buffer the kernel keeps (packed weights); KernelDestroy frees it
 ATTR_BASE = 8                      # first word of attribute values
 MAX_ATTR_WORDS = SLOT_WORDS - ATTR_BASE
 SLOT_LIVE = 0x4B45524E454C4C56     # "KERNELLV": a live slot's state word
@@ -170,6 +178,9 @@ def slot_free(slot):
     """Return a live slot to its pool's free list (a slot that is not live is left alone)."""
     if slot == 0 or load_i64(slot + 8 * S_STATE) != SLOT_LIVE:
         return
+    owned = atomic_xchg_i64(slot + 8 * S_OWNED, 0)
+    if owned != 0:
+        c_free(owned)
     pool = load_i64(slot + 8 * S_POOL)
     _pool_lock(pool)
     store_i64(slot + 8 * S_STATE, load_i64(pool + 8 * P_FREE))
@@ -188,6 +199,7 @@ _T_INPUT = cstr("input ")
 _T_EXPECTS = cstr("expects ")
 _T_INPUTS_GOT = cstr(" inputs, got ")
 _T_MUST_F32 = cstr(" must be float32, got ONNX element type ")
+_T_MUST_F16 = cstr(" must be float16, got ONNX element type ")
 _T_RANK = cstr(" has rank ")
 _T_RANK_MAX = cstr(", more than the supported ")
 _T_ATTR = cstr("attribute '")
@@ -196,6 +208,7 @@ _T_TOO_LONG = cstr("' is longer than 255 bytes")
 _T_BAD_CHOICE = cstr("' has unsupported value '")
 _T_EXPECTED_ONE_OF = cstr("'; expected '+'-joined tokens from: ")
 _T_TOO_MANY = cstr("' has more '+'-joined steps than ")
+_T_TOO_MANY_VALUES = cstr("' has more values than ")
 _T_NO_MEMORY = cstr("out of memory for kernel state")
 _T_COMMA = cstr(", ")
 _T_MISSING_INPUT = cstr("Missing Input: no tensor given for input ")
@@ -298,15 +311,19 @@ def read_input(api, ctx, index, dims_addr):
 
 @njit(cache=True)
 def check_float_input(api, slot, index, elem, rank):
-    """0, or an error status if input ``index`` is not float32 or its rank exceeds ``MAX_RANK``."""
-    if elem == abi.ONNX_TYPE_FLOAT and rank <= MAX_RANK:
+    """0, or an error status if input ``index`` is not of the op's float type (float32, or float16 for
+    the float16 ops) or its rank exceeds ``MAX_RANK``."""
+    want = load_i64(load_i64(slot + 8 * S_RECORD) + EXT + 8 * EXT_INPUT_TYPE)
+    if want != abi.ONNX_TYPE_FLOAT16:
+        want = abi.ONNX_TYPE_FLOAT
+    if elem == want and rank <= MAX_RANK:
         return 0
     buf = stack_bytes(MSG_CAP)
     n = msg_begin(buf, slot)
     n = msg_put(buf, MSG_CAP, n, _T_INPUT)
     n = msg_put_int(buf, MSG_CAP, n, index)
-    if elem != abi.ONNX_TYPE_FLOAT:
-        n = msg_put(buf, MSG_CAP, n, _T_MUST_F32)
+    if elem != want:
+        n = msg_put(buf, MSG_CAP, n, _T_MUST_F16 if want == abi.ONNX_TYPE_FLOAT16 else _T_MUST_F32)
         n = msg_put_int(buf, MSG_CAP, n, elem)
     else:
         n = msg_put(buf, MSG_CAP, n, _T_RANK)
@@ -318,7 +335,7 @@ def check_float_input(api, slot, index, elem, rank):
 
 @njit(cache=True)
 def read_float_input(api, ctx, slot, index, dims_addr):
-    """``read_input`` then ``check_float_input``: (status, data address, rank) of a float32 input."""
+    """``read_input`` then ``check_float_input``: (status, data address, rank) of a float input."""
     st, data, elem, rank = read_input(api, ctx, index, dims_addr)
     if st == 0:
         st = check_float_input(api, slot, index, elem, rank)
@@ -439,6 +456,13 @@ def _read_attrs(op, api, info, slot):
             st = kernel_info_get_int64(api, info, name, tmp)
             if st == 0:
                 store_i64(word, load_i64(tmp))
+        elif kind == KIND_INTS or kind == KIND_FLOATS:
+            st = _read_array_attr(api, info, name, kind, load_i64(desc + 8 * AD_MAX_STEPS), word, tmp, text)
+            if st != 0 and load_i64(tmp) > load_i64(desc + 8 * AD_MAX_STEPS):
+                release_status(api, st)
+                buf = stack_bytes(32)
+                msg_put_int(buf, 32, 0, load_i64(desc + 8 * AD_MAX_STEPS))
+                return _attr_error(api, op, desc, _T_TOO_MANY_VALUES, buf, False)
         else:
             store_i64(tmp, STRING_ATTR_CAP)
             st = kernel_info_get_string(api, info, name, text, tmp)
@@ -476,8 +500,30 @@ def _read_attrs(op, api, info, slot):
             if required:
                 return _attr_error(api, op, desc, _T_MISSING, 0, False)
             # optional and absent: the default (float defaults are stored as float64 bits; a
-            # missing 'choice' is zero steps)
-            store_i64(word, load_i64(desc + 8 * AD_DEFAULT) if kind != KIND_CHOICE else 0)
+            # missing 'choice', 'ints' or 'floats' is zero values)
+            store_i64(word, load_i64(desc + 8 * AD_DEFAULT) if kind == KIND_FLOAT or kind == KIND_INT else 0)
+    return 0
+
+
+@njit(cache=True)
+def _read_array_attr(api, info, name, kind, cap, word, size_addr, buf):
+    """Read an INTS/FLOATS attribute of at most ``cap`` values into ``word`` (count, then values;
+    floats widened to float64) through ``buf`` (STRING_ATTR_CAP bytes); returns 0 or ORT's status,
+    with the attribute's true length at ``size_addr`` when it did not fit."""
+    store_i64(size_addr, cap)
+    if kind == KIND_INTS:
+        st = kernel_info_get_ints(api, info, name, buf, size_addr)
+    else:
+        st = kernel_info_get_floats(api, info, name, buf, size_addr)
+    if st != 0:
+        return st
+    count = min(load_i64(size_addr), cap)  # ORT succeeds only when the values fit; never write past them
+    for i in range(count):
+        if kind == KIND_INTS:
+            store_i64(word + 8 * (1 + i), load_i64(buf + 8 * i))
+        else:
+            store_f64(word + 8 * (1 + i), np.float64(load_f32(buf + 4 * i)))
+    store_i64(word, count)
     return 0
 
 
@@ -580,8 +626,9 @@ class AttrDef:
     """An attribute read in CreateKernel into attribute word ``slot`` of the kernel state.
 
     kind: "float" | "int" | "choice" (a string of '+'-joined tokens from ``choices``; it takes
-    ``1 + max_steps`` words: the count, then each token's index). A missing optional attribute
-    takes ``default`` (a missing ``choice`` gives zero steps)."""
+    ``1 + max_steps`` words: the count, then each token's index) | "ints" | "floats" (up to
+    ``max_steps`` values, stored like a choice: count, then values). A missing optional attribute
+    takes ``default`` (a missing ``choice``, ``ints`` or ``floats`` gives zero values)."""
 
     name: str
     kind: str
@@ -592,7 +639,7 @@ class AttrDef:
     max_steps: int = 1
 
     def words(self) -> int:
-        return 1 + self.max_steps if self.kind == "choice" else 1
+        return 1 + self.max_steps if self.kind in ("choice", "ints", "floats") else 1
 
 
 @dataclass(frozen=True)
@@ -613,12 +660,17 @@ class NativeOpDef:
     n_outputs: int = 1
     input_type: int = abi.ONNX_TYPE_FLOAT      # ONNX_TYPE_UNDEFINED: any type (the kernel checks)
     output_type: int = abi.ONNX_TYPE_FLOAT
+    node_attrs: Callable | None = None
+    """``node_attrs(spec_attrs) -> dict``: the attributes this kernel reads, made by the rewriter from
+    the match's spec attributes when it picks this kernel (ValueError: this kernel cannot run it)."""
 
     def __post_init__(self):
         used = set()
         for a in self.attrs:
-            if a.kind not in ("float", "int", "choice"):
+            if a.kind not in ATTR_KINDS:
                 raise ValueError(f"{self.name}: attribute {a.name!r} has unknown kind {a.kind!r}")
+            if a.kind in ("ints", "floats") and 8 * a.max_steps > STRING_ATTR_CAP:
+                raise ValueError(f"{self.name}: attribute {a.name!r} may hold at most {STRING_ATTR_CAP // 8} values")
             words = set(range(a.slot, a.slot + a.words()))
             if words & used or a.slot < 0 or a.slot + a.words() > MAX_ATTR_WORDS:
                 raise ValueError(f"{self.name}: attribute {a.name!r} overlaps another or leaves the slot")
@@ -653,7 +705,7 @@ class _Registered:
             default = (struct.unpack("<q", struct.pack("<d", float(a.default)))[0] if a.kind == "float"
                        else int(a.default) if a.kind == "int" else 0)
             values = {AD_NAME: ctypes.addressof(self.attr_names[i]),
-                      AD_KIND: {"float": KIND_FLOAT, "int": KIND_INT, "choice": KIND_CHOICE}[a.kind],
+                      AD_KIND: ATTR_KINDS[a.kind],
                       AD_SLOT: a.slot, AD_REQUIRED: int(a.required), AD_DEFAULT: default,
                       AD_CHOICES: ctypes.addressof(table) if table is not None else 0,
                       AD_N_CHOICES: len(a.choices), AD_MAX_STEPS: a.max_steps}

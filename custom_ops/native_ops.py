@@ -501,42 +501,49 @@ def _gemm_shape_error(api, kernel, text, da, ra, other_text, db, rb):
     return msg_status(api, abi.ORT_INVALID_ARGUMENT, buf, n)
 
 
-def _compute_gemm_act(kernel, ctx):
-    api = slot_api(kernel)
+@njit(cache=True)
+def gemm_io(api, ctx, kernel, dims):
+    """Inputs and output of FusedGemmAct (and its bf16 variant, native_amx.py), checked: (status, x,
+    w, b, y, M, K, N), with a one-sentence error status on any mismatch; y is allocated with X's
+    leading dims and N. ``dims`` is GEMM_SCRATCH bytes of the caller's frame."""
+    none = (0, 0, 0, 0, 0, 0, 0)
     st = check_input_count(api, ctx, kernel, 3)
     if st != 0:
-        return st
-    dims = stack_bytes(GEMM_SCRATCH)
+        return (st, *none)
     dx = dims
     dw = dims + 8 * MAX_RANK
     dbb = dims + 16 * MAX_RANK
     dy = dims + 24 * MAX_RANK
     st, px, rx = read_float_input(api, ctx, kernel, 0, dx)
     if st != 0:
-        return st
+        return (st, *none)
     st, pw, rw = read_float_input(api, ctx, kernel, 1, dw)
     if st != 0:
-        return st
+        return (st, *none)
     st, pb, rb = read_float_input(api, ctx, kernel, 2, dbb)
     if st != 0:
-        return st
+        return (st, *none)
     if rx < 1:
-        return fail(api, kernel, _T_GEMM_X)
+        return (fail(api, kernel, _T_GEMM_X), *none)
     k = load_i64(dx + 8 * (rx - 1))
     if rw != 2 or load_i64(dw) != k:
-        return _gemm_shape_error(api, kernel, _T_GEMM_W, dx, rx, _T_W, dw, rw)
+        return (_gemm_shape_error(api, kernel, _T_GEMM_W, dx, rx, _T_W, dw, rw), *none)
     n = load_i64(dw + 8)
     if rb != 1 or load_i64(dbb) != n:
-        return _gemm_shape_error(api, kernel, _T_GEMM_B, dw, rw, _T_B, dbb, rb)
+        return (_gemm_shape_error(api, kernel, _T_GEMM_B, dw, rw, _T_B, dbb, rb), *none)
     for i in range(rx - 1):
         store_i64(dy + 8 * i, load_i64(dx + 8 * i))
     store_i64(dy + 8 * (rx - 1), n)
     st, py = make_output(api, ctx, 0, dy, rx)
-    if st != 0:
+    return st, px, pw, pb, py, element_count(dx, rx - 1), k, n
+
+
+def _compute_gemm_act(kernel, ctx):
+    api = slot_api(kernel)
+    dims = stack_bytes(GEMM_SCRATCH)
+    st, px, pw, pb, py, m, k, n = gemm_io(api, ctx, kernel, dims)
+    if st != 0 or m * n == 0:
         return st
-    m = element_count(dx, rx - 1)
-    if m * n == 0:
-        return 0
     codes = stack_bytes(CODES_BYTES)
     steps = slot_i64(kernel, GA_ACT)
     for s in range(steps):
@@ -702,3 +709,8 @@ NATIVE_OPS: dict[str, NativeOpDef] = {
 
 PROBE_OP = "OrtfuseAbiProbe"
 """A test-only op type (not a fused op): it reports what the ABI sees, see ``_compute_probe``."""
+
+# Ops defined in their own modules add themselves to NATIVE_OPS when imported (after the table):
+# FusedGemmActBf16 (AMX bf16 tiles, opt-in precision): native_amx.py; FusedEltwiseChain0..4: native_chain.py;
+# FusedAddReluF16, FusedHardSwishF16, FusedSiLUF16 (float16 tensors): native_f16.py
+from ortfuse.custom_ops import native_amx, native_chain, native_f16  # noqa: E402,F401,I001

@@ -65,6 +65,15 @@ def native_unavailable_reason(op_names=()) -> str | None:
     return _last_native_reason[0]
 
 
+def native_node_attrs(op_type: str, attrs: dict) -> dict:
+    """The attributes the native kernel of ``op_type`` reads beyond its spec's, made from the match's
+    ``attrs`` ({} when it reads none); ValueError when that kernel cannot run the match."""
+    from ortfuse.custom_ops.native_ops import NATIVE_OPS
+
+    op = NATIVE_OPS.get(op_type)
+    return op.node_attrs(attrs) if op is not None and op.node_attrs is not None else {}
+
+
 def native_op_types() -> frozenset[str]:
     """Fused op types (``OpSpec.name``) that have a native kernel."""
     from ortfuse.custom_ops.native_ops import NATIVE_OPS

@@ -68,7 +68,15 @@ for _k in range(MAX_CHAIN_OPERANDS + 1):
                 {"program": str}, lambda x, *ops, **a: reference.eltwise_chain(x, *ops, program=a["program"])))
 
 
+# float16 native op types (custom_ops/native_f16.py): the spec's math on float16 tensors, computed in
+# float32 and rounded once (round to nearest even) per output element
+FLOAT16_NATIVE = {"FusedAddRelu": "FusedAddReluF16", "FusedHardSwish": "FusedHardSwishF16",
+                  "FusedSiLU": "FusedSiLUF16"}
+# native op types that serve a spec under another numeric contract (custom_ops/native_amx.py) or dtype
+NATIVE_VARIANTS = {"FusedGemmActBf16": "FusedGemmAct", **{v: k for k, v in FLOAT16_NATIVE.items()}}
+
+
 def spec_for_op_type(op_type: str) -> OpSpec | None:
-    """The spec of a fused node's op type (reference or native name), or None if not ours."""
-    base = op_type[:-3] if op_type.endswith("Ref") else op_type
+    """The spec of a fused node's op type (reference, native or native-variant name), or None if not ours."""
+    base = op_type[:-3] if op_type.endswith("Ref") else NATIVE_VARIANTS.get(op_type, op_type)
     return SPECS.get(base)

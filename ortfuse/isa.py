@@ -6,8 +6,9 @@ support checks of XGETBV), falling back to the ``flags`` line of ``/proc/cpuinfo
 LLVM's (``avx512f``, ``avx512vnni``, ``amx-tile``...); ``/proc/cpuinfo`` spellings (``avx512_vnni``,
 ``amx_tile``, ``sse4_2``) are translated.
 
-ISA levels, best first: ``amx`` (AMX tiles + AVX-512; reported and selectable, but ortfuse ships no
-AMX kernels, so selection falls through to ``avx512``), ``avx512`` (F, BW, VL, DQ + AVX2/FMA),
+ISA levels, best first: ``amx`` (AMX tiles + AVX-512; the one AMX kernel, the bf16 GEMM
+``FusedGemmActBf16``, is selected only under the bf16 precision opt-in, see ``registry``; everything
+else falls through to ``avx512``), ``avx512`` (F, BW, VL, DQ + AVX2/FMA),
 ``avx2`` (AVX2 + FMA), ``generic`` (SSE2: every x86-64).
 
 Override for tests: ``ORTFUSE_ISA`` is either a level name (``amx``, ``avx512``, ``avx2``, ``generic``):
@@ -50,7 +51,8 @@ __all__ = [
 ENV_VAR = "ORTFUSE_ISA"
 
 ISA_LEVELS = ("amx", "avx512", "avx2", "generic")
-# the levels ortfuse compiles kernel variants for (no AMX kernels: an AMX CPU runs the avx512 ones)
+# the levels ortfuse compiles kernel variants for (an AMX CPU runs the avx512 ones; the opt-in bf16 GEMM
+# uses AMX tiles from inline asm in the same build: custom_ops/kernels/amx.py)
 KERNEL_ISAS = ("avx512", "avx2", "generic")
 
 # features each level needs (LLVM names)
@@ -235,7 +237,7 @@ def describe() -> dict:
         "features": [f for f in KNOWN_FEATURES if f in feats],
         "supported_isas": supported_isas(),
         "amx": {f: f in feats for f in ("amx-tile", "amx-bf16", "amx-int8")},
-        "amx_kernels": False,
+        "amx_kernels": {"amx-tile", "amx-bf16"} <= feats,  # the bf16 GEMM, under the precision opt-in
     }
 
 

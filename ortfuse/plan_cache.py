@@ -3,8 +3,8 @@ parsing, matching, tuning and serializing, and hands ORT the fused model saved t
 
 Key: the model's identity (a path's resolved name, size and mtime; sha256 of bytes), the fusion
 request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
-level, intra-op threads, ``ortfuse.tune_dims``), the environment (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``,
-``ORTFUSE_TUNE``), this CPU (``isa.fingerprint``), the onnxruntime / extensions / numba versions, and a digest of
+level, intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``), the environment (``ORTFUSE_ISA``,
+``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``, ``ORTFUSE_PRECISION``), this CPU (``isa.fingerprint``), the onnxruntime / extensions / numba versions, and a digest of
 ortfuse's own source files (a changed rewriter never serves an old plan). The CPU is identified by
 ``isa.fingerprint`` (no LLVM load), so a cache hit costs no more memory than stock ORT.
 An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
@@ -24,8 +24,8 @@ from pathlib import Path
 
 FORMAT = 1
 MAX_BYTES = 2 * 2**30
-_ENV_KEYS = ("ORTFUSE_ISA", "ORTFUSE_NATIVE", "ORTFUSE_TUNE")
-_OPTION_ENTRIES = ("ortfuse.tune_dims",)
+_ENV_KEYS = ("ORTFUSE_ISA", "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION")
+_OPTION_ENTRIES = ("ortfuse.tune_dims", "ortfuse.precision")
 
 
 def root() -> Path:

@@ -10,6 +10,13 @@ A kernel is (op, path, ISAs, dtypes, priority[, form, variants]). Paths:
   native op is. Which path wins is measured (``LOWERED_PRIORITY``), not guessed.
 - ``reference``: the numpy reference through onnxruntime-extensions' Python-op path; op type
   ``<name>Ref``; any ISA, float32; always available, lowest priority.
+Dtypes: float32 everywhere; the elementwise native kernels also come in float16 (op types
+``specs.FLOAT16_NATIVE``), so a float16 match without the native path is left unfused, with the reason.
+Precision: every kernel computes float32 products unless its ``precision`` says otherwise. The AMX
+kernel of FusedGemmAct (native op ``FusedGemmActBf16``: bf16 products, float32 accumulation, isa
+``amx``) is a candidate only when the caller opts in (``select(..., precision="bf16")``; sessions take
+it from the SessionOptions config entry ``ortfuse.precision``, tools from ``$ORTFUSE_PRECISION``), the
+features report amx-tile + amx-bf16, and this process can run it (host CPU, Linux permission).
 ``select`` returns the highest-priority kernel whose ISA this CPU supports, whose dtype and variant
 (the match's ``activation``) match and that fits the match (``fits``: a lowering rule may not apply,
 e.g. FusedGemm needs a 2-D input), or the reason there is none (the rewriter then leaves the match
@@ -20,18 +27,24 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ortfuse import isa as _isa
-from ortfuse.custom_ops.specs import SPECS
+from ortfuse.custom_ops.specs import FLOAT16_NATIVE, SPECS
 
 NATIVE, REFERENCE, LOWERED = "native", "reference", "lowered"
 PATHS = (NATIVE, LOWERED, REFERENCE)
 NO_NATIVE = "no-native"  # a preference, not a path: every kernel that runs without the native ops
+LOWERED_ONLY = "lowered-only"  # a preference: lowered kernels that need no native op (ORT's own ops only)
 REFERENCE_LABEL = "reference (numpy through onnxruntime-extensions Python op)"
 NATIVE_MAX_RANK = 12  # custom_ops.native.MAX_RANK: native kernels reject tensors of higher rank at run time
 ANY = "any"
+FP32, BF16 = "fp32", "bf16"
+PRECISIONS = (FP32, BF16)
+PRECISION_ENV = "ORTFUSE_PRECISION"        # tools: the precision opt-in for every fuse() in the process
+PRECISION_OPTION = "ortfuse.precision"     # sessions: the SessionOptions config entry (wins over the env)
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,8 @@ class Kernel:
     priority: int
     form: str = ""  # lowered: the ``lowering.RULES`` key
     variants: tuple[str, ...] = ()  # the epilogues (``activation`` values) served; () = every one
+    precision: str = FP32  # FP32: float32 products; BF16: bf16 products, chosen only under that opt-in
+    native_op: str = ""  # native: the op type when it is not ``op`` (another numeric contract)
 
     @property
     def uses_native(self) -> bool:
@@ -55,7 +70,7 @@ class Kernel:
         """The custom op type of a single fused node ("" for a lowered kernel: ORT's own ops)."""
         if self.path == LOWERED:
             return ""
-        return self.op if self.path == NATIVE else SPECS[self.op].ref_op_type
+        return (self.native_op or self.op) if self.path == NATIVE else SPECS[self.op].ref_op_type
 
     def serves(self, variant: str) -> bool:
         return not self.variants or variant in self.variants
@@ -77,7 +92,8 @@ class Selection:
             from ortfuse.lowering import LABEL_PREFIX, RULES
 
             return LABEL_PREFIX + RULES[self.kernel.form].summary
-        return f"native numba {self.isa}"
+        extra = f" ({self.kernel.precision} products)" if self.kernel.precision != FP32 else ""
+        return f"native numba {self.isa}" + (" float16" if self.kernel.dtypes == ("float16",) else "") + extra
 
 
 def native_isa() -> str:
@@ -182,14 +198,78 @@ def lowered_kernels(native: frozenset[str] | None = None) -> list[Kernel]:
     return found
 
 
+# FusedGemmAct -> native FusedGemmActBf16 (AMX bf16 tiles, custom_ops/native_amx.py): listed where the
+# (possibly overridden) features have amx-tile + amx-bf16; selected only under the bf16 precision
+# opt-in and only when this process can run it (``_amx_unavailable_reason``). Priority above every
+# float32 kernel, measured 2026-12-02 with `python tools/amx_bench.py --runs 15 --repeats 5` (Xeon with
+# AMX, 2 shared vCPUs at load average 5.4-5.6; Gemm+bias+Relu vs stock ORT at ORT_ENABLE_ALL, A/A
+# control 0.94-1.12): AMX p50 / ORT p50 = 0.64 (M=1, K=N=1024), 0.42 (1x4096x4096), 0.26 (64x1024x1024),
+# 0.17 (64x4096x4096), 0.30 (64x512x1024), 0.19 (1024^3) at 1 intra-op thread; 0.18-0.64 at 2.
+AMX_OP = "FusedGemmActBf16"
+AMX_PRIORITY = 40
+
+
+def amx_kernels() -> list[Kernel]:
+    if not {"amx-tile", "amx-bf16"} <= _isa.cpu_features() or not _native_ops():
+        return []
+    return [Kernel("FusedGemmAct", NATIVE, ("amx",), ("float32",), AMX_PRIORITY, precision=BF16, native_op=AMX_OP)]
+
+
+# Below K x N = 256 x 256 the AMX kernel's fixed cost (tile configuration, X conversion pass, two
+# block passes: ~3 us) outweighs its speed: 1x64x64 1.46x and 8x128x128 1.24x stock ORT's time,
+# 32x256x256 0.62x (same command, --runs 30, load average 4.1-4.5).
+AMX_MIN_WEIGHTS = 256 * 256
+
+
+def amx_misfit(match) -> str:
+    """Why the AMX kernel does not suit a FusedGemmAct match ("" when it does): its W must be a 2-D
+    initializer the rewriter writes (packed once per kernel) of at least AMX_MIN_WEIGHTS elements."""
+    w = next((t for t in match.initializers if t.name == match.inputs[1]), None)
+    if w is None or len(w.dims) != 2:
+        return f"{AMX_OP} needs W as a 2-D initializer"
+    if w.dims[0] * w.dims[1] < AMX_MIN_WEIGHTS:
+        return f"{AMX_OP}: W of {w.dims[0]}x{w.dims[1]} is below {AMX_MIN_WEIGHTS} weights, where AMX loses"
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def _amx_unavailable_reason() -> str | None:
+    """Why the AMX kernel cannot run in this process (host CPU, native path, Linux permission), or None."""
+    from ortfuse.custom_ops.native_amx import unavailable_reason
+
+    return unavailable_reason()
+
+
+def resolve_precision(precision: str | None = None) -> str:
+    """The precision opt-in: ``precision`` if given, else ``$ORTFUSE_PRECISION``, else fp32."""
+    value = (precision or os.environ.get(PRECISION_ENV, "") or FP32).strip().lower()
+    if value not in PRECISIONS:
+        raise ValueError(f"unknown precision {value!r} ({PRECISION_OPTION} / {PRECISION_ENV}); use one of "
+                         f"{', '.join(PRECISIONS)}")
+    return value
+
+
 def kernels_for(op: str, extra: tuple[Kernel, ...] = ()) -> list[Kernel]:
     """Every kernel registered for ``op``, best first."""
     found = [Kernel(op, REFERENCE, (ANY,), ("float32",), 0)]
     if op in _native_ops():
         found.append(Kernel(op, NATIVE, (native_isa(),), ("float32",), 10))
+        if op in FLOAT16_NATIVE:  # compiled and registered with the float32 ones (custom_ops/native_f16.py)
+            found.append(Kernel(op, NATIVE, (native_isa(),), ("float16",), 10, native_op=FLOAT16_NATIVE[op]))
     found += [k for k in lowered_kernels() if k.op == op]
+    found += [k for k in amx_kernels() if k.op == op]
     found += [k for k in extra if k.op == op]
     return sorted(found, key=lambda k: -k.priority)
+
+
+_amx_warned: list[bool] = [False]
+
+
+def _warn_amx(reason: str) -> None:
+    if not _amx_warned[0]:
+        _amx_warned[0] = True
+        warnings.warn(f"ortfuse: bf16 precision allowed but the AMX kernel cannot run here ({reason}); "
+                      "float32 kernels used", stacklevel=4)
 
 
 def _preferred(kernel: Kernel, prefer: str | None) -> bool:
@@ -199,22 +279,29 @@ def _preferred(kernel: Kernel, prefer: str | None) -> bool:
         return True
     if prefer == NO_NATIVE:
         return not kernel.uses_native
+    if prefer == LOWERED_ONLY:
+        return kernel.path == LOWERED and not kernel.uses_native
     if prefer.startswith(LOWERED + ":"):
         return kernel.path == LOWERED and kernel.form == prefer.split(":", 1)[1]
     return kernel.path == prefer
 
 
 def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tuple[Kernel, ...] = (),
-           variant: str = "", fits: Callable[[Kernel], str] | None = None) -> Selection:
+           variant: str = "", fits: Callable[[Kernel], str] | None = None, precision: str = FP32) -> Selection:
     """The kernel this CPU runs for (op, dtype, variant).
+
+    ``precision``: FP32 (the default) never selects a reduced-precision kernel; BF16 (the opt-in)
+    lets kernels with bf16 products compete by priority too.
 
     ``prefer`` restricts the paths: ``"reference"`` forces the reference path, ``"native"`` /
     ``"lowered"`` that path, ``"lowered:<form>"`` one lowering rule (benchmarks, the tuner), ``NO_NATIVE``
     every kernel that runs without the native ops.
     ``fits(kernel)`` returns "" when the kernel can run this match, else why not."""
-    if prefer is not None and prefer not in (*PATHS, NO_NATIVE) and not prefer.startswith(LOWERED + ":"):
+    if prefer is not None and prefer not in (*PATHS, NO_NATIVE, LOWERED_ONLY) and not prefer.startswith(LOWERED + ":"):
         raise ValueError(f"unknown kernel preference {prefer!r}; use one of {', '.join(PATHS)} or lowered:<form>")
-    candidates = [k for k in kernels_for(op, extra) if _preferred(k, prefer) and k.serves(variant)]
+    allowed = {FP32, resolve_precision(precision)}
+    candidates = [k for k in kernels_for(op, extra)
+                  if _preferred(k, prefer) and k.serves(variant) and k.precision in allowed]
     have = _isa.supported_isas()
     misfits = []
     for kernel in candidates:
@@ -227,6 +314,10 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
             if level is None:
                 continue
         why_not = fits(kernel) if fits is not None else ""
+        if not why_not and kernel.native_op == AMX_OP:
+            why_not = _amx_unavailable_reason() or ""
+            if why_not:
+                _warn_amx(why_not)
         if why_not:
             misfits.append(why_not)
             continue

@@ -26,6 +26,7 @@ import onnx
 
 from ortfuse import lowering, metadata, registry
 from ortfuse.catalogue import validate_patterns
+from ortfuse.custom_ops.registration import native_node_attrs
 from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
 from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
 from ortfuse.ort_territory import reserved_for_ort
@@ -99,7 +100,8 @@ KeepRule = Callable[[MatchRecord], str]  # a legal match -> "" to fuse it, or th
 
 
 def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
-         kernels: str | None = None, keep: KeepRule | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+         kernels: str | None = None, keep: KeepRule | None = None,
+         precision: str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
 
     Each fused op gets the kernel ``registry.select`` picks for this CPU and epilogue: one custom
@@ -109,11 +111,14 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
     ``keep`` (the auto policy, ``ortfuse verify``'s bisection) sees each legal match, identified by
     pattern id and original node names, and may leave it unfused: it is then reported as disabled
     by policy with the reason ``keep`` returned, and its nodes are still not matched by another pattern.
+    ``precision`` ("fp32" | "bf16"; None: ``$ORTFUSE_PRECISION``, else "fp32") is the opt-in to
+    reduced-precision kernels: only "bf16" lets the registry pick one (the AMX GEMM, on AMX CPUs).
 
     Unknown pattern ids raise ``UnknownPatternError``; a model whose rewrite would fail
     ``onnx.checker`` comes back unchanged with the reason in the report.
     """
     ids = validate_patterns(patterns)
+    precision = registry.resolve_precision(precision)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = FusionReport(patterns=list(ids))
@@ -135,7 +140,7 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
         return out, report
     if ix.shape_inference_error:
         report.notes.append(f"ONNX shape inference failed ({ix.shape_inference_error}); shapes unknown")
-    matches = _match_all(ix, ids, report, kernels, keep)
+    matches = _match_all(ix, ids, report, kernels, keep, precision)
     if not matches:
         report.reason = "no candidate was fused" if report.matches else "no pattern matched"
         return out, report
@@ -179,7 +184,7 @@ def _version() -> str:
 
 
 def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | None,
-               keep: KeepRule | None) -> list[Match]:
+               keep: KeepRule | None, precision: str = registry.FP32) -> list[Match]:
     claimed: dict[int, str] = {}
     reserved = reserved_for_ort(ix)
     matches: list[Match] = []
@@ -207,7 +212,7 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
                                                    "does not keep scalar shapes")
             selection, lowered = None, {}
             if isinstance(result, Match):
-                selection, lowered = _select(ix, result, kernels)
+                selection, lowered = _select(ix, result, kernels, precision)
                 if selection.kernel is None:
                     result = Reject(pid, result.nodes, selection.reason)
             if isinstance(result, Reject):
@@ -233,7 +238,8 @@ def _match_all(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kerne
     return matches
 
 
-def _select(ix: GraphIndex, m: Match, prefer: str | None) -> tuple[registry.Selection, dict]:
+def _select(ix: GraphIndex, m: Match, prefer: str | None,
+            precision: str = registry.FP32) -> tuple[registry.Selection, dict]:
     """The registry's kernel for ``m``; for a lowered kernel, its nodes (``{kernel: Lowered}``)."""
     ctx = lowering.Context(ix.opset, lambda hint: ix.unique_name(f"{m.output}/{hint}"), ix.shape)
     built: dict = {}
@@ -241,8 +247,13 @@ def _select(ix: GraphIndex, m: Match, prefer: str | None) -> tuple[registry.Sele
     def fits(kernel: registry.Kernel) -> str:
         if kernel.path == registry.NATIVE:  # a native kernel would fail at run time where ORT runs
             rank, name = max(((len(ix.shape(t) or ()), t) for t in [*m.inputs, m.output] if t), default=(0, ""))
-            return f"native kernels take rank <= {registry.NATIVE_MAX_RANK}, '{name}' has rank {rank}" \
-                if rank > registry.NATIVE_MAX_RANK else ""
+            if rank > registry.NATIVE_MAX_RANK:
+                return f"native kernels take rank <= {registry.NATIVE_MAX_RANK}, '{name}' has rank {rank}"
+            try:
+                native_node_attrs(kernel.op_type, m.attrs)
+            except ValueError as exc:
+                return f"native {kernel.op}: {exc}"
+            return registry.amx_misfit(m) if kernel.native_op == registry.AMX_OP else ""
         if kernel.path != registry.LOWERED:
             return ""
         out = lowering.lower(kernel.form, m, ctx)
@@ -251,7 +262,8 @@ def _select(ix: GraphIndex, m: Match, prefer: str | None) -> tuple[registry.Sele
         built[kernel] = out
         return ""
 
-    return registry.select(m.op, "float32", prefer=prefer, variant=m.attrs.get("activation", ""), fits=fits), built
+    return registry.select(m.op, m.dtype, prefer=prefer, variant=m.attrs.get("activation", ""), fits=fits,
+                           precision=precision), built
 
 
 def _name_lowered(ix: GraphIndex, m: Match, names: list[str]) -> None:
@@ -321,7 +333,9 @@ def _apply(model: onnx.ModelProto, ix: GraphIndex, matches: list[Match]) -> None
 def _fused_node(ix: GraphIndex, m: Match) -> onnx.NodeProto:
     spec = SPECS[m.op]
     names = ",".join(ix.name_of(n) for n in m.nodes)
-    attrs = {**m.attrs, "pattern_id": m.pattern_id, "replaced_nodes": names}
+    native = bool(m.op_type) and not m.op_type.endswith("Ref")
+    attrs = {**m.attrs, **(native_node_attrs(m.op_type, m.attrs) if native else {}),
+             "pattern_id": m.pattern_id, "replaced_nodes": names}
     missing = set(spec.all_attrs()) - set(attrs)
     assert not missing, f"{m.op} match lacks attributes {missing}"
     return onnx.helper.make_node(m.op_type or spec.ref_op_type, m.inputs, [m.output], name=m.node_name,

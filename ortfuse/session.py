@@ -323,13 +323,17 @@ class InferenceSession(_ort.InferenceSession):
             if plan.needs_custom_ops:
                 sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
                 if why_not:  # native path unavailable: the same fusions on kernels that need no native op
-                    from ortfuse.registry import NO_NATIVE
+                    from ortfuse.registry import LOWERED_ONLY, NO_NATIVE
 
-                    _warn_native_fallback(why_not)
-                    plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion,
-                                                            fusion_patterns, kernels=NO_NATIVE)
-                    self.fusion_report.notes.append(f"native kernels unavailable ({why_not}); lowered or "
-                                                    "reference kernels used")
+                    # options registered before without these ops: rather than the slow reference
+                    # kernels, only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
+                    reused = why_not.startswith(_REUSED_OPTIONS)
+                    _warn_native_fallback(why_not, reused)
+                    plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns,
+                                                            kernels=LOWERED_ONLY if reused else NO_NATIVE)
+                    self.fusion_report.notes.append(
+                        f"native kernels unavailable ({why_not}); "
+                        + ("only fusions lowered to ORT's own ops applied" if reused else "lowered or reference kernels used"))
                     source = plan.source if plan is not None else path_or_bytes
                     if plan is not None and plan.needs_custom_ops:
                         sess_options, _ = _with_custom_ops(sess_options, frozenset())
@@ -454,27 +458,31 @@ def _status_message(exc: Exception) -> str:
     return _ORT_STATUS_PREFIX.sub("", str(exc))
 
 
-def _warn_native_fallback(reason: str) -> None:
-    if not _warned[0]:
+def _warn_native_fallback(reason: str, reused: bool = False) -> None:
+    if reused:  # a usage to fix, said every time
+        warnings.warn(f"ortfuse: {reason}; only fusions lowered to ORT's own ops are applied", stacklevel=3)
+    elif not _warned[0]:
         _warned[0] = True
         warnings.warn(f"ortfuse: native kernels unavailable ({reason}); using kernels that need no native op (lowered to ORT or the reference)", stacklevel=3)
+
+
+_REUSED_OPTIONS = "these SessionOptions were registered before"
 
 
 def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
     """Register our fused ops and the onnxruntime-extensions library on the options, once per options.
 
     Returns (options, "") or (options, why the native ops could not be registered). The library reads
-    the op list when it is registered, so options registered before cannot take new native ops: when
-    a model needs any, all of them are registered (as cheap as one: 0.88 s either way, measured), and
-    the same options serve the next model too. A model needing none registers none (no numba import)."""
+    the op list when it is registered, so options registered before cannot take new native ops (the
+    caller then applies only lowered fusions). Registering every native op instead would compile all
+    of them on a machine's first use (38 s against 7 s for one, measured), where only the kernels a
+    model needs are compiled."""
     from ortfuse.custom_ops import registration
 
-    if native_ops:
-        native_ops = registration.native_op_types() | native_ops
     if sess_options is None:
         # Every registration of the extensions library keeps its op domains until the process exits
         # (about 3.5 KiB per SessionOptions, measured): sessions made without options share one
-        # registered SessionOptions per native op set (none, or all), so a process creating many stays flat.
+        # registered SessionOptions per native op set, so a process creating many stays flat.
         with _default_options_lock:
             if native_ops not in _default_options:
                 options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops)
@@ -486,8 +494,8 @@ def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
         have = set(filter(None, _config_entry(sess_options, _NATIVE_KEY).split(",")))
         missing = set(native_ops) - have
         if missing:
-            return sess_options, (f"these SessionOptions were registered before without {', '.join(sorted(missing))}; "
-                                  "use a new SessionOptions per fused session")
+            return sess_options, (f"{_REUSED_OPTIONS} without {', '.join(sorted(missing))} (native ops are added when "
+                                  "options are first used); use a new SessionOptions per fused session")
         return sess_options, ""
     if native_ops:
         if not registration.register_native(sess_options, sorted(native_ops)):

@@ -49,6 +49,8 @@ REPEATS = 3
 CLEAR_LOSS = 2.0  # a fused subgraph this many times slower than ORT at first look is not timed further
 MIN_RUNS, MAX_RUNS = 3, 60
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4  # a fused subgraph whose outputs differ more is not kept
+# under the bf16 opt-in (registry.PRECISION_OPTION): bf16 products, |error| <~ 2^-7 sum|x w| (tests/test_amx.py)
+BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-5, 2.0**-6  # atol times max(1, max|ORT output|)
 ENV = "ORTFUSE_TUNE"
 DIMS_KEY = "ortfuse.tune_dims"  # SessionOptions config entry: "batch=64,seq=128" -> the shapes tuned for
 FORMAT = 1
@@ -152,7 +154,8 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     batch = int(dims.get("batch", batch))
     declared = feeds.declared_inputs(model)
     shapes = {name: feeds.concrete_shape(decl, batch, dims) for name, _, decl in declared}
-    key = _cache_key(model, ids, level, threads, shapes)
+    precision = registry.resolve_precision(_config_entry(sess_options, registry.PRECISION_OPTION) or None)
+    key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
     if not force:
         embedded = _from_metadata(model, key)
@@ -165,7 +168,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
         return Tuning(key, measured=False)
     start = time.perf_counter()
     sample = feeds.random_feeds(declared, batch=batch, dims=dims, seed=0)  # only now: the key needs shapes only
-    tuning = _measure(model, ids, level, threads, sample, key, progress)
+    tuning = _measure(model, ids, level, threads, sample, key, progress, precision)
     tuning.seconds = round(time.perf_counter() - start, 2)
     tuning.path = str(path)
     _write(path, tuning)
@@ -193,18 +196,21 @@ def _from_metadata(model: onnx.ModelProto, key: dict) -> Tuning | None:
     return tuning
 
 
+def _config_entry(sess_options, key: str) -> str:
+    if sess_options is None:
+        return ""
+    try:
+        return sess_options.get_session_config_entry(key)
+    except RuntimeError:  # ORT raises for a key that was never set
+        return ""
+
+
 def dims_from_options(sess_options) -> dict[str, int]:
     """The ``ortfuse.tune_dims`` config entry of ``sess_options`` ("name=value,..."; ``batch`` is the
     first dim of every input unless an input names a dim "batch")."""
-    text = ""
-    if sess_options is not None:
-        try:
-            text = sess_options.get_session_config_entry(DIMS_KEY)
-        except RuntimeError:  # ORT raises for a key that was never set
-            return {}
     from ortfuse.model_args import parse_dims
 
-    return parse_dims(text)
+    return parse_dims(_config_entry(sess_options, DIMS_KEY))
 
 
 def table(tuning: Tuning) -> str:
@@ -227,10 +233,10 @@ def table(tuning: Tuning) -> str:
 # --------------------------------------------------------------------------- measuring
 
 
-def _measure(model, ids, level, threads, sample, key, progress) -> Tuning:
+def _measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32) -> Tuning:
     from ortfuse.rewrite import fuse
 
-    _, report = fuse(model, ids)
+    _, report = fuse(model, ids, precision=precision)
     candidates = report.fused
     tuning = Tuning(key)
     if not candidates:
@@ -245,12 +251,12 @@ def _measure(model, ids, level, threads, sample, key, progress) -> Tuning:
             micro, micro_feeds = cut.model(model, captured)
             signature = cut.signature(micro_feeds)
             if signature not in measured:
-                measured[signature] = _measure_subgraph(micro, micro_feeds, rec.pattern_id, level, threads)
+                measured[signature] = _measure_subgraph(micro, micro_feeds, rec.pattern_id, level, threads, precision)
             found = measured[signature]
             tuning.decisions.append(dataclasses.replace(found, pattern_id=rec.pattern_id, nodes=list(rec.nodes)))
             bar.update(1)
     if any(d.keep for d in tuning.decisions):
-        tuning.model_check = _check_model(model, ids, tuning, level, threads, sample)
+        tuning.model_check = _check_model(model, ids, tuning, level, threads, sample, precision)
     return tuning
 
 
@@ -323,29 +329,37 @@ def _capture(model: onnx.ModelProto, tensors: set[str], sample: dict) -> dict[st
     return {t: values[t] for t in wanted}
 
 
-def _options(level, threads: int):
+def _options(level, threads: int, precision: str = registry.FP32):
     from ortfuse.bench import measuring_options
 
-    return measuring_options(level, threads=threads, spinning=False)
+    so = measuring_options(level, threads=threads, spinning=False)
+    if precision != registry.FP32:
+        so.add_session_config_entry(registry.PRECISION_OPTION, precision)
+    return so
 
 
-def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str, level, threads) -> Decision:
+def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str, level, threads,
+                      precision: str = registry.FP32) -> Decision:
     import onnxruntime as ort
 
     import ortfuse
 
     data = micro.SerializeToString()
     stock = ort.InferenceSession(data, _options(level, threads), providers=["CPUExecutionProvider"])
-    fused = ortfuse.InferenceSession(data, _options(level, threads), providers=["CPUExecutionProvider"],
+    fused = ortfuse.InferenceSession(data, _options(level, threads, precision), providers=["CPUExecutionProvider"],
                                      fusion=True, fusion_patterns=[pattern_id])
     if len(fused.fusion_report.fused) != 1:
         return Decision(pattern_id, [], False, "auto: the match does not fuse on its own subgraph "
                                                f"({fused.fusion_report.reason}); left to ORT")
     expected, got = stock.run(None, micro_feeds), fused.run(None, micro_feeds)
     for e, g in zip(expected, got):
-        if e.shape != g.shape or not np.allclose(g, e, rtol=CHECK_RTOL, atol=CHECK_ATOL, equal_nan=True):
-            return Decision(pattern_id, [], False, f"auto: fused output differs from ORT's beyond rtol {CHECK_RTOL}, "
-                                                   f"atol {CHECK_ATOL}; left to ORT (run `ortfuse verify`)")
+        rtol, atol = CHECK_RTOL, CHECK_ATOL
+        if precision == registry.BF16:
+            finite = np.abs(e[np.isfinite(e)]) if e.size else np.zeros(1)
+            rtol, atol = BF16_CHECK_RTOL, BF16_CHECK_ATOL * max(1.0, float(finite.max()) if finite.size else 1.0)
+        if e.shape != g.shape or not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
+            return Decision(pattern_id, [], False, f"auto: fused output differs from ORT's beyond rtol {rtol:g}, "
+                                                   f"atol {atol:g}; left to ORT (run `ortfuse verify`)")
     fused_run, ort_run = (lambda: fused.run(None, micro_feeds)), (lambda: stock.run(None, micro_feeds))
     fused_ms, ort_ms = _best_of(fused_run, ort_run, 3)
     if fused_ms > CLEAR_LOSS * ort_ms:  # far behind: no need to time it precisely
@@ -388,15 +402,15 @@ def _time_pair(fused_run, ort_run, budget_s: float) -> tuple[float, float, list[
     return p50["fused"], p50["ort"], bench_measure.ratio_per_repeat(raw["fused"], raw["ort"])
 
 
-def _check_model(model, ids, tuning: Tuning, level, threads, sample) -> dict:
+def _check_model(model, ids, tuning: Tuning, level, threads, sample, precision: str = registry.FP32) -> dict:
     import onnxruntime as ort
 
     import ortfuse
     from ortfuse.rewrite import fuse
 
-    fused_model, report = fuse(model, ids, keep=tuning.keep_rule())
+    fused_model, report = fuse(model, ids, keep=tuning.keep_rule(), precision=precision)
     stock = ort.InferenceSession(model.SerializeToString(), _options(level, threads), providers=["CPUExecutionProvider"])
-    fused = ortfuse.InferenceSession(fused_model.SerializeToString(), _options(level, threads),
+    fused = ortfuse.InferenceSession(fused_model.SerializeToString(), _options(level, threads, precision),
                                      providers=["CPUExecutionProvider"])
     fused_ms, ort_ms, ratios = _time_pair(lambda: fused.run(None, sample), lambda: stock.run(None, sample),
                                           MODEL_BUDGET_S)
@@ -428,7 +442,7 @@ def _versions() -> dict:
     return out
 
 
-def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]]) -> dict:
+def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precision: str = registry.FP32) -> dict:
     from ortfuse import isa
 
     return {
@@ -440,6 +454,7 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]]) -> dict
         "threads": threads,
         "patterns": list(ids),
         "inputs": shapes,
+        "precision": precision,
         "margin": MARGIN,
         "model_limit": MODEL_LIMIT,
     }

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
-from pattern_graphs import CONV_EPILOGUES, GEMM_EPILOGUES, GraphBuilder, bn_params
+from pattern_graphs import CONV_EPILOGUES, GEMM_EPILOGUES, GraphBuilder, bn_params, tolerance
 
 RTOL, ATOL = 1e-4, 1e-5
 FAMILIES = ("gemm", "matmul", "conv", "add_relu", "eltwise")
@@ -414,7 +414,8 @@ def _close(got: list, ref: list) -> str:
         finite = np.abs(r[np.isfinite(r)])
         scale = max(1.0, float(finite.max())) if finite.size else 1.0
         try:
-            np.testing.assert_allclose(g, r, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
+            rtol, atol = tolerance(r.dtype, RTOL, ATOL)
+            np.testing.assert_allclose(g, r, rtol=rtol, atol=atol * scale, equal_nan=True)
         except AssertionError as exc:
             return f"output {i}: {str(exc).strip().splitlines()[-3:]}"
     return ""

@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import onnx
 import onnxruntime
 import psutil
 import pytest
@@ -87,28 +88,33 @@ def test_2000_fused_sessions_leave_rss_and_kernel_pool_flat():
 
 
 def _session_zoo():
-    """(name, model bytes, fusion_patterns, feeds) of sessions with different fused op sets."""
+    """(name, model bytes, fusion_patterns, feeds, stock model bytes) of sessions with different fused
+    op sets (the stock model differs for the one saved already fused)."""
     ffn = ffn_matmul_add_relu().SerializeToString()
     two = _two_native_ops_model()
     feeds2 = {"x": np.linspace(-4, 4, 24, dtype=np.float32).reshape(3, 8), "y": np.ones((3, 8), np.float32)}
-    return [("ffn_all", ffn, None, ffn_inputs()), ("ffn_gemm", ffn, ["gemm_relu_gelu"], ffn_inputs(seed=2)),
-            ("ffn_add_relu", ffn, ["add_relu"], ffn_inputs(batch=1, seq=9)),
-            ("two_all", two, None, feeds2), ("two_hardswish", two, ["hardswish"], feeds2),
-            ("two_chain", two, ["eltwise_chain"], feeds2)]
+    saved = ortfuse.fuse(onnx.load_from_string(two), ["eltwise_chain"], kernels="reference")[0].SerializeToString()
+    zoo = [("ffn_all", ffn, None, ffn_inputs()), ("ffn_gemm", ffn, ["gemm_relu_gelu"], ffn_inputs(seed=2)),
+           ("ffn_add_relu", ffn, ["add_relu"], ffn_inputs(batch=1, seq=9)),
+           ("two_all", two, None, feeds2), ("two_hardswish", two, ["hardswish"], feeds2),
+           ("two_chain", two, ["eltwise_chain"], feeds2)]
+    return [(*entry, entry[1]) for entry in zoo] + [("two_chain_reference", saved, None, feeds2, two)]
 
 
 def test_many_sessions_with_different_patterns_in_threads():
-    """Six sessions with different fused op sets (native, lowered, reference) alive at once, each
+    """Seven sessions with different fused op sets (native, lowered, reference) alive at once, each
     run 200 times from 6 threads in an interleaved order: every output equals stock ORT's."""
     zoo = _session_zoo()
     sessions, expected = {}, {}
-    for name, data, patterns, feeds in zoo:
+    for name, data, patterns, feeds, stock in zoo:
         sessions[name] = ortfuse.InferenceSession(data, fusion=True, fusion_patterns=patterns)
-        assert sessions[name].fusion_report.applied, (name, sessions[name].fusion_report.table())
-        expected[name] = onnxruntime.InferenceSession(data).run(None, feeds)[0]
+        saved = "saved already fused" in sessions[name].fusion_report.reason
+        assert sessions[name].fusion_report.applied or saved, (name, sessions[name].fusion_report.table())
+        expected[name] = onnxruntime.InferenceSession(stock).run(None, feeds)[0]
     kernels = {m.kernel.split()[0] for s in sessions.values() for m in s.fusion_report.fused}
-    assert {"native", "reference"} <= kernels, kernels
-    feeds_of = {name: feeds for name, _, _, feeds in zoo}
+    assert {"native", "lowered"} <= kernels, kernels
+    assert sessions["two_chain_reference"]._ortfuse_reference_inputs, "the reference kernels are in the mix"
+    feeds_of = {name: feeds for name, _, _, feeds, _ in zoo}
 
     def worker(k):
         bad = 0
@@ -129,10 +135,10 @@ import ortfuse
 from ortfuse import registry
 from test_lifetime import _session_zoo
 out = {"native_isa": registry.native_isa(), "sessions": {}}
-for name, data, patterns, feeds in _session_zoo():
+for name, data, patterns, feeds, stock in _session_zoo():
     s = ortfuse.InferenceSession(data, fusion=True, fusion_patterns=patterns)
     got = s.run(None, feeds)[0]
-    want = onnxruntime.InferenceSession(data).run(None, feeds)[0]
+    want = onnxruntime.InferenceSession(stock).run(None, feeds)[0]
     out["sessions"][name] = {"kernels": sorted({m.kernel for m in s.fusion_report.fused}),
                              "max_diff": float(np.max(np.abs(got - want)))}
 print(json.dumps(out))

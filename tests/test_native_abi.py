@@ -94,6 +94,8 @@ def test_api_index_constants_agree_with_table():
               "KernelInfoGetAttribute_float": abi.KERNEL_INFO_GET_ATTRIBUTE_FLOAT,
               "KernelInfoGetAttribute_int64": abi.KERNEL_INFO_GET_ATTRIBUTE_INT64,
               "KernelInfoGetAttribute_string": abi.KERNEL_INFO_GET_ATTRIBUTE_STRING,
+              "KernelInfoGetAttributeArray_float": abi.KERNEL_INFO_GET_ATTRIBUTE_ARRAY_FLOAT,
+              "KernelInfoGetAttributeArray_int64": abi.KERNEL_INFO_GET_ATTRIBUTE_ARRAY_INT64,
               "KernelContext_GetInputCount": abi.KERNEL_CONTEXT_GET_INPUT_COUNT,
               "KernelContext_GetOutputCount": abi.KERNEL_CONTEXT_GET_OUTPUT_COUNT,
               "KernelContext_GetInput": abi.KERNEL_CONTEXT_GET_INPUT,
@@ -105,14 +107,22 @@ def test_api_index_constants_agree_with_table():
     # the values the header gives (onnxruntime_c_api.h, counted from 0)
     assert abi.API_INDEX["CreateStatus"] == 0 and abi.API_INDEX["GetErrorMessage"] == 2
     assert abi.API_INDEX["KernelContext_GetOutput"] == 91 and abi.API_INDEX["ReleaseTensorTypeAndShapeInfo"] == 99
+    # the array attribute getters (round trip: tests/test_native_chain.py::test_array_attributes_round_trip)
+    assert abi.API_INDEX["KernelInfoGetAttributeArray_float"] == 162
+    assert abi.API_INDEX["KernelInfoGetAttributeArray_int64"] == 163
 
 
 def test_native_ops_match_specs():
     kinds = {float: "float", int: "int", str: "choice"}
-    assert native_op_types() == {"FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"}
+    chains = {f"FusedEltwiseChain{k}" for k in range(5)}
+    assert {"FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"} | chains <= native_op_types()
     for name in native_op_types():
         spec, op = SPECS[name], NATIVE_OPS[name]
         assert len(op.inputs) == len(spec.inputs), name
+        if op.node_attrs is not None:  # reads the attributes the rewriter adds for it (native_chain)
+            assert {a.name: a.kind for a in op.attrs} == {
+                "chain_ops": "ints", "chain_args": "ints", "chain_params": "floats"}, name
+            continue
         assert {a.name: a.kind for a in op.attrs} == {k: kinds[t] for k, t in spec.attrs.items()}, name
         assert not name.endswith("Ref") and spec.ref_op_type != name
 

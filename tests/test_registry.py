@@ -44,15 +44,19 @@ def test_native_disabled_by_environment_falls_to_reference(fresh_registry):
 
 
 def test_dtype_without_kernel_is_a_reason_not_a_crash():
-    sel = registry.select("FusedAddRelu", dtype="float16")
-    assert sel.kernel is None and "no FusedAddRelu kernel for dtype float16" in sel.reason
+    sel = registry.select("FusedAddRelu", dtype="float64")
+    assert sel.kernel is None and "no FusedAddRelu kernel for dtype float64" in sel.reason
+    half = registry.select("FusedAddRelu", dtype="float16")  # native only: no reference kernel takes float16
+    assert (half.kernel is None) == (not registry._native_ops()), half
+    assert half.kernel is None or (half.kernel.path == "native" and half.kernel.op_type == "FusedAddReluF16")
 
 
 @pytest.mark.parametrize("override, expected", [("amx-tile,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2", "amx"),
                                                 ("avx2,avx,fma,sse4.2,sse2", "avx2"), ("sse2", "generic")])
 def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, override, expected):
-    """Selection logic with an overridden feature set: a bf16 AMX kernel (test-only entry; ortfuse
-    ships none) is chosen on an AMX CPU, and on others the reason names what this CPU has."""
+    """Selection logic with an overridden feature set: an AMX kernel (a test-only entry of another
+    dtype; the real one, FusedGemmActBf16, is tested in test_amx.py) is chosen on an AMX CPU, and on
+    others the reason names what this CPU has."""
     from ortfuse import isa
 
     monkeypatch.setenv("ORTFUSE_ISA", override)
@@ -106,40 +110,32 @@ def _add_relu_then_silu():
     return model, {k: rng.standard_normal((3, 7)).astype(np.float32) for k in ("x", "y")}
 
 
-def test_reused_options_take_every_native_op_a_later_model_needs():
-    """The extensions library reads its op list when registered on the options: the first model that
-    needs any native op registers all of them, so the same options serve a model needing others."""
+def test_reused_options_leave_matches_needing_new_native_ops_to_ort():
+    """The extensions library reads its op list when registered on the options: options first used for
+    a model needing FusedAddRelu cannot take FusedSiLU later. The second model then gets only fusions
+    lowered to ORT's own ops (none here), never the slow reference kernels, and a warning each time."""
     so = onnxruntime.SessionOptions()
     model, feeds = _add_relu_then_silu()
     first = ortfuse.InferenceSession(model, so, fusion=True, fusion_patterns=["add_relu"])
     assert first.fusion_report.counts() == {"add_relu": 1}
     assert first.fusion_report.fused[0].kernel.startswith("native")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback warning
-        second = ortfuse.InferenceSession(model, so, fusion=True)
-    kernels = {m.pattern_id: m.kernel for m in second.fusion_report.fused}
-    assert set(kernels) == {"add_relu", "silu"}
-    assert all(k.startswith("native") for k in kernels.values()), kernels
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="registered before without FusedSiLU"):
+            second = ortfuse.InferenceSession(model, so, fusion=True)
+    assert second.fusion_report.fused == [], second.fusion_report.table()
+    assert any("only fusions lowered to ORT's own ops" in n for n in second.fusion_report.notes), second.fusion_report.notes
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
     np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
+    same = ortfuse.InferenceSession(model, so, fusion=True, fusion_patterns=["add_relu"])  # what it has: native
+    assert same.fusion_report.fused[0].kernel.startswith("native")
 
 
-def test_options_registered_without_native_ops_fall_back_for_a_model_needing_them():
-    """Options first used for a model with no native op (reference kernels only: numba is not even
-    imported for it) cannot take native ops later: the fused ops then run without them, with a warning."""
-    so = onnxruntime.SessionOptions()
-    model, feeds = _add_relu_then_silu()
-    saved, _ = ortfuse.fuse(model, ["add_relu"], kernels="reference")
-    first = ortfuse.InferenceSession(saved.SerializeToString(), so)
-    assert "saved already fused" in first.fusion_report.reason
-    with pytest.warns(UserWarning, match="registered before") if not session._warned[0] else warnings.catch_warnings():
-        second = ortfuse.InferenceSession(model, so, fusion=True)
-    kernels = {m.pattern_id: m.kernel for m in second.fusion_report.fused}
-    assert set(kernels) == {"add_relu", "silu"}
-    assert kernels["silu"].startswith("reference") and kernels["add_relu"].startswith("reference")
-    assert any("registered before" in n for n in second.fusion_report.notes), second.fusion_report.notes
-    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
+def test_lowered_only_preference_picks_only_ort_ops():
+    best = registry.select("FusedConvAct", variant="relu", prefer=registry.LOWERED_ONLY)
+    assert best.kernel.path == registry.LOWERED and not best.kernel.uses_native
+    if "FusedHardSwish" in registry._native_ops():  # Conv + native FusedHardSwish is out
+        assert not registry.select("FusedConvAct", variant="hardswish", prefer=registry.LOWERED_ONLY).kernel.uses_native
+    assert registry.select("FusedAddRelu", prefer=registry.LOWERED_ONLY).kernel is None  # no lowered form
 
 
 def test_no_native_preference_never_picks_a_kernel_that_needs_native_ops():

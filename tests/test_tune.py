@@ -128,6 +128,39 @@ def test_cache_key_separates_shapes_threads_and_graphs():
     assert base["isa"] and base["versions"]["onnxruntime"] == onnxruntime.__version__
 
 
+def test_cache_key_separates_precision_opt_in():
+    model = hardswish_model(side=32)
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry("ortfuse.precision", "bf16")
+    assert tune.tune(model, measure=False).key["precision"] == "fp32"
+    assert tune.tune(model, sess_options=so, measure=False).key["precision"] == "bf16"
+
+
+def test_auto_under_the_bf16_opt_in_measures_the_amx_kernel(monkeypatch):
+    """With ``ortfuse.precision=bf16`` the tuner measures what the session will run (the AMX GEMM,
+    where it can run), checks it against ORT with the bf16 tolerance, and the session keeps it."""
+    from test_amx import _amx_reason, _gemm_model
+
+    if _amx_reason() is not None:
+        pytest.skip(f"AMX kernel cannot run here: {_amx_reason()}")
+    model, _, _ = _gemm_model(512, 512)
+    feeds = {"X": np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)}
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry("ortfuse.precision", "bf16")
+    so.add_session_config_entry(tune.DIMS_KEY, "batch=64")
+    so.intra_op_num_threads = 1
+    session = ortfuse.InferenceSession(model.SerializeToString(), so, fusion="auto")
+    decisions = tune.tune(model, sess_options=so, measure=False).decisions
+    assert len(decisions) == 1 and decisions[0].fused_ms is not None, "the AMX kernel was measured"
+    kept = session.fusion_report.fused
+    assert [m.pattern_id for m in kept] == (["gemm_relu_gelu"] if decisions[0].keep else []), session.fusion_report.table()
+    if kept:  # it runs the bf16 kernel it measured, within the bf16 tolerance of ORT
+        assert "(bf16 products)" in kept[0].kernel, kept[0].kernel
+        want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=tune.BF16_CHECK_RTOL,
+                                   atol=tune.BF16_CHECK_ATOL * max(1.0, float(np.abs(want).max())))
+
+
 def test_corrupt_cache_file_is_measured_again():
     model = hardswish_model(side=32)
     first = tune.tune(model)

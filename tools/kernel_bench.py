@@ -1,30 +1,42 @@
-"""Time the elementwise numba kernels against the same subgraph run unfused by stock onnxruntime.
+"""Time the fused kernels against the same subgraph run unfused by stock onnxruntime.
 
 Usage::
 
-    python tools/kernel_bench.py [--large N] [--small N] [--kernels relu,gelu,...] [--runs R]
-                                 [--repeats K] [--gap-ms G] [--no-spin] [--json PATH]
+    python tools/kernel_bench.py [--large N] [--small N] [--threads 1,2] [--cases hardswish,...]
+                                 [--gemm none,relu,...] [--runs R] [--repeats K] [--gap-ms G]
+                                 [--no-spin] [--json PATH]
+    python tools/kernel_bench.py --dispatcher [--kernels relu,gelu,...] [--parallel-min N] ...
     python tools/kernel_bench.py --threshold [--kernels relu,gelu,silu,add_relu]
 
-For each kernel and size, three configurations run in the same process, single calls interleaved
-(``A B C C B A``, rotated; DESIGN.md §6b, ``ortfuse.bench_measure``), ``--repeats`` times:
+Main table (default): the native custom ops as users run them. For each case, size and intra-op
+thread count, three ORT sessions run in the same process with the same thread count, each by IO
+binding into a preallocated output, single runs interleaved (DESIGN.md §6b, ``ortfuse.bench_measure``:
+Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 
-- ``ort``: the unfused subgraph (e.g. HardSwish as Add->Clip->Div->Mul) in an ORT session at
-  ORT_ENABLE_ALL (ORT's own fusions apply: erf-Gelu becomes its Gelu kernel), run through IO binding
-  into a preallocated output (no output allocation, little Python overhead);
-- ``ort_aa``: a second, identical ORT session (the A/A control: the noise floor of this very run);
-- ``fused``: the numba kernel of ``ortfuse.custom_ops.kernels.eltwise`` on contiguous float32 arrays
-  with a preallocated output, called through its numba dispatcher (a few microseconds of call overhead,
-  which a cfunc inside ORT does not pay), serial unless ``--parallel-min`` says otherwise.
+- ``ort``: the unfused subgraph (HardSwish as Add->Clip->Div->Mul, SiLU as Sigmoid->Mul, MatMul+Add
+  +activation, ...) at ORT_ENABLE_ALL (ORT's own fusions apply);
+- ``ort_aa``: a second, identical stock session (the A/A control: the noise floor of this very run);
+- ``fused``: a one-node model holding the fused op (made by ``ortfuse.rewrite.fuse(..., kernels=
+  "native")`` from the unfused graph, or built directly for FusedGemmAct), its native kernel
+  registered with ``registration.register_native``, threading as ``native.set_threading`` says.
 
-Reported: median latency of each, ``fused/ort`` and ``ort_aa/ort`` (median over repeats of the ratio of
-per-repeat medians), and the fused kernel's bandwidth in GB/s (bytes of all inputs and the output,
-like STREAM, no write-allocate traffic) against a STREAM-like copy measured here (the best of a
-serial numba copy loop, a prange one and numpy's copy, same size). The load average before and after
-is printed: on a shared machine other processes change everything (DESIGN.md §6b).
+Cases: FusedHardSwish, FusedSiLU, FusedAddRelu (equal shapes and a [M, 1024] + [1024] broadcast),
+FusedEltwiseChain<k> (two 3-op chains; only when a native chain kernel is registered in this
+process), FusedGemmAct with each epilogue (none, relu, gelu, gelu_tanh, silu) at a small and a
+BERT-FFN-sized shape. Reported: median latencies, ``fused/ort`` and ``ort_aa/ort`` (median over
+repeats of the ratio of per-repeat medians), and the fused op's rate against a peak measured in the
+same run at the same thread count: GB/s (bytes of all inputs and the output, like STREAM, no
+write-allocate traffic) against the best STREAM-like copy of that size, timed in the same
+interleaved rounds as the case (ORT's Identity, numpy's copyto, a numba loop: serial at 1 thread,
+prange at more), GFLOP/s against ORT's 1024^3 MatMul timed before the GEMM cases. A numba copy with
+non-temporal stores (no read-for-ownership of the output lines) is timed beside them and reported
+as its own column: it is the bandwidth a kernel with streaming stores could reach. The load
+average is printed before and after: on a shared machine other processes change everything.
 
-``--threshold`` measures the serial kernel against the prange one over sizes from 16K to 4M elements
-(``parallel_min`` huge vs 0), the data behind ``eltwise.PARALLEL_MIN``.
+``--dispatcher``: the numba kernels of ``kernels/eltwise.py`` through their numba dispatcher (a few
+microseconds of call overhead a cfunc inside ORT does not pay) against the unfused ORT subgraph;
+``--threshold``: serial against prange over sizes from 16K to 4M elements, the data behind
+``eltwise.PARALLEL_MIN``.
 """
 
 from __future__ import annotations
@@ -39,6 +51,9 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
@@ -47,7 +62,10 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from ortfuse.custom_ops import native
 from ortfuse.custom_ops.kernels import eltwise as E
+from ortfuse.custom_ops.registration import native_unavailable_reason, register_native
+from ortfuse.custom_ops.specs import DOMAIN
 
 from ortfuse.bench_measure import measure, ratio
 
@@ -63,16 +81,41 @@ def _const(name, value):
     return numpy_helper.from_array(np.asarray(value, dtype=F32), name)
 
 
-def _model(nodes, inputs, inits, opset=17):
+def _model(nodes, inputs, inits, opset=17, out_shape=None, domains=()):
+    """A checked model of ``nodes``; output ``Y`` has ``out_shape`` (default: the first input's)."""
     graph = helper.make_graph(
         nodes, "bench",
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, inputs[0][1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape or inputs[0][1])],
         initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def act_nodes(kind: str, x: str, y: str):
+    """(nodes, initializers) computing activation ``kind`` of tensor ``x`` into ``y`` as exporters
+    write it unfused: relu, gelu (erf form), gelu_tanh (tanh form), silu (Sigmoid, Mul); "" = Identity."""
+    mk = helper.make_node
+    if kind == "relu":
+        return [mk("Relu", [x], [y])], []
+    if kind == "silu":
+        return [mk("Sigmoid", [x], [x + "_s"]), mk("Mul", [x, x + "_s"], [y])], []
+    if kind == "gelu":
+        return ([mk("Div", [x, "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["p"]),
+                 mk("Mul", [x, "p"], ["m"]), mk("Mul", ["m", "half"], [y])],
+                [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
+    if kind == "gelu_tanh":
+        return ([mk("Mul", [x, x], ["x2"]), mk("Mul", ["x2", x], ["x3"]), mk("Mul", ["x3", "k"], ["kx3"]),
+                 mk("Add", [x, "kx3"], ["s"]), mk("Mul", ["s", "c"], ["u"]), mk("Tanh", ["u"], ["t"]),
+                 mk("Add", ["t", "one"], ["p"]), mk("Mul", [x, "p"], ["m"]), mk("Mul", ["m", "half"], [y])],
+                [_const("k", 0.044715), _const("c", np.sqrt(2.0 / np.pi)), _const("one", 1.0),
+                 _const("half", 0.5)])
+    if kind == "":
+        return [mk("Identity", [x], [y])], []
+    raise KeyError(kind)
 
 
 def build(kernel: str, n: int, pm: int = E.PARALLEL_MIN):
@@ -110,44 +153,16 @@ def build(kernel: str, n: int, pm: int = E.PARALLEL_MIN):
                        [("X", [n])], [_const("three", 3.0), _const("zero", 0.0), _const("six", 6.0)])
         feeds = {"X": x}
         fn = lambda out: E.hardswish(x, out, F32(3), F32(0), F32(6), F32(6), pm)
-    elif kernel == "silu":
-        model = _model([helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
-                       [("X", [n])], [])
+    elif kernel in ("silu", "gelu", "gelu_tanh"):
+        nodes, inits = act_nodes(kernel, "X", "Y")
+        model = _model(nodes, [("X", [n])], inits)
         feeds = {"X": x}
-        fn = lambda out: E.silu(x, out, pm)
-    elif kernel == "gelu":
-        model = _model([helper.make_node("Div", ["X", "sqrt2"], ["d"]),
-                        helper.make_node("Erf", ["d"], ["e"]),
-                        helper.make_node("Add", ["e", "one"], ["p"]),
-                        helper.make_node("Mul", ["X", "p"], ["m"]),
-                        helper.make_node("Mul", ["m", "half"], ["Y"])],
-                       [("X", [n])], [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
-        feeds = {"X": x}
-        fn = lambda out: E.gelu(x, out, pm)
-    elif kernel == "gelu_tanh":
-        model = _model([helper.make_node("Mul", ["X", "X"], ["x2"]),
-                        helper.make_node("Mul", ["x2", "X"], ["x3"]),
-                        helper.make_node("Mul", ["x3", "k"], ["kx3"]),
-                        helper.make_node("Add", ["X", "kx3"], ["s"]),
-                        helper.make_node("Mul", ["s", "c"], ["u"]),
-                        helper.make_node("Tanh", ["u"], ["t"]),
-                        helper.make_node("Add", ["t", "one"], ["p"]),
-                        helper.make_node("Mul", ["X", "p"], ["m"]),
-                        helper.make_node("Mul", ["m", "half"], ["Y"])],
-                       [("X", [n])], [_const("k", 0.044715), _const("c", np.sqrt(2.0 / np.pi)),
-                                      _const("one", 1.0), _const("half", 0.5)])
-        feeds = {"X": x}
-        fn = lambda out: E.gelu_tanh(x, out, pm)
+        fn = lambda out: E.UNARY_KERNELS[kernel](x, out, pm)
     elif kernel == "bias_gelu":
         b = (rng.standard_normal(BCAST_N) * 0.1).astype(F32)
-        model = _model([helper.make_node("Add", ["X", "B"], ["xb"]),
-                        helper.make_node("Div", ["xb", "sqrt2"], ["d"]),
-                        helper.make_node("Erf", ["d"], ["e"]),
-                        helper.make_node("Add", ["e", "one"], ["p"]),
-                        helper.make_node("Mul", ["xb", "p"], ["m"]),
-                        helper.make_node("Mul", ["m", "half"], ["Y"])],
-                       [("X", [mn, BCAST_N]), ("B", [BCAST_N])],
-                       [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
+        nodes, inits = act_nodes("gelu", "xb", "Y")
+        model = _model([helper.make_node("Add", ["X", "B"], ["xb"]), *nodes],
+                       [("X", [mn, BCAST_N]), ("B", [BCAST_N])], inits)
         feeds = {"X": x.reshape(mn, BCAST_N), "B": b}
         code = E.encode_activation("gelu")
         fn = lambda out: E.bias_act(x, b, out, code, F32(0), F32(0), pm)
@@ -160,19 +175,31 @@ def build(kernel: str, n: int, pm: int = E.PARALLEL_MIN):
 KERNELS = ["relu", "clip", "add_relu", "add_relu_bcast", "hardswish", "silu", "gelu", "gelu_tanh", "bias_gelu"]
 
 
-def ort_runner(model, feeds, out: np.ndarray, spin: bool):
-    """Run ``model`` by IO binding into ``out`` (viewed with the shape of the first input)."""
+def session(model, spin: bool, threads: int = 0, native_op: str = ""):
+    """An ORT session at ORT_ENABLE_ALL with ``threads`` intra-op threads (0: ORT's default); with
+    ``native_op`` that op's native kernel is registered first (``registration.register_native``)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    if native_op and not register_native(so, [native_op]):
+        raise RuntimeError(f"native {native_op} unavailable: {native_unavailable_reason([native_op])}")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def bound(sess, feeds, out: np.ndarray):
+    """A callable running ``sess`` by IO binding: inputs ``feeds``, output 0 written into ``out``."""
     binding = sess.io_binding()
     for name, value in feeds.items():
         binding.bind_cpu_input(name, value)
-    shape = list(next(iter(feeds.values())).shape)
-    binding.bind_output("Y", "cpu", 0, np.float32, shape, out.ctypes.data)
+    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
     return lambda: sess.run_with_iobinding(binding)
+
+
+def ort_runner(model, feeds, out: np.ndarray, spin: bool, threads: int = 0, native_op: str = ""):
+    """Run ``model`` by IO binding into ``out`` (the shape of the model's output)."""
+    return bound(session(model, spin, threads, native_op), feeds, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,9 +245,10 @@ def copy_bandwidth(n: int, reps: int = 15) -> dict:
 def bench_kernel(kernel: str, n: int, args, copy_gbs: float) -> dict:
     model, feeds, fn, nbytes = build(kernel, n, args.parallel_min)
     outs = {k: np.empty(n, F32) for k in ("ort", "ort_aa", "fused")}
+    feeds_shape = next(iter(feeds.values())).shape
     runners = {
-        "ort": ort_runner(model, feeds, outs["ort"], not args.no_spin),
-        "ort_aa": ort_runner(model, feeds, outs["ort_aa"], not args.no_spin),
+        "ort": ort_runner(model, feeds, outs["ort"].reshape(feeds_shape), not args.no_spin),
+        "ort_aa": ort_runner(model, feeds, outs["ort_aa"].reshape(feeds_shape), not args.no_spin),
         "fused": lambda: fn(outs["fused"]),
     }
     for r in runners.values():  # compile / first-run
@@ -266,65 +294,391 @@ def threshold_table(kernels, sizes, args) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# native mode: the fused custom ops as users run them, in ORT sessions
+# ---------------------------------------------------------------------------------------------
+
+# case -> (pattern id, fused op type or its prefix); the fused model is ``fuse(unfused, [pattern],
+# kernels="native")``, which must come out as one node of that op
+ELTWISE_CASES = {
+    "hardswish": ("hardswish", "FusedHardSwish"),
+    "silu": ("silu", "FusedSiLU"),
+    "add_relu": ("add_relu", "FusedAddRelu"),
+    "add_relu_bcast": ("add_relu", "FusedAddRelu"),
+    "chain_affine_relu": ("eltwise_chain", "FusedEltwiseChain"),
+    "chain_bias_tanh": ("eltwise_chain", "FusedEltwiseChain"),
+}
+GEMM_SHAPES = {"small": (16, 256, 256), "large": (128, 768, 3072)}  # M, K, N
+GEMM_ACTS = ("", "relu", "gelu", "gelu_tanh", "silu")
+MATMUL_PEAK_DIM = 1024
+
+
+def unfused_eltwise(case: str, n: int):
+    """(unfused model, feeds, bytes moved: inputs + output) of an elementwise case on n elements."""
+    if case in ("chain_affine_relu", "chain_bias_tanh"):
+        x = (np.random.default_rng(0).standard_normal(n) * 3).astype(F32)
+        mk = helper.make_node
+        if case == "chain_affine_relu":  # relu(1.5 x + 0.25): 3 ops, 2 scalar operands
+            model = _model([mk("Mul", ["X", "a"], ["m"]), mk("Add", ["m", "b"], ["s"]), mk("Relu", ["s"], ["Y"])],
+                           [("X", [n])], [_const("a", 1.5), _const("b", 0.25)])
+            feeds = {"X": x}
+        else:  # 0.5 tanh(x + bias[1024]): 3 ops, a broadcast operand and a scalar
+            bias = (np.random.default_rng(1).standard_normal(BCAST_N) * 0.1).astype(F32)
+            model = _model([mk("Add", ["X", "bias"], ["s"]), mk("Tanh", ["s"], ["t"]), mk("Mul", ["t", "half"], ["Y"])],
+                           [("X", [n // BCAST_N, BCAST_N])], [_const("bias", bias), _const("half", 0.5)])
+            feeds = {"X": x.reshape(n // BCAST_N, BCAST_N)}
+        return model, feeds, 8 * n
+    model, feeds, _fn, nbytes = build(case, n)
+    return model, feeds, nbytes
+
+
+def fused_by_rewrite(model, pattern: str, op_prefix: str):
+    """(fused model, op type) from ortfuse's rewriter with native kernels, or (None, why not)."""
+    from ortfuse.rewrite import fuse
+
+    fused, report = fuse(model, [pattern], kernels="native")
+    nodes = list(fused.graph.node)
+    if len(nodes) != 1 or nodes[0].domain != DOMAIN or not nodes[0].op_type.startswith(op_prefix):
+        why = "; ".join(f"{m.decision}: {m.reason}" for m in report.matches) or report.reason
+        return None, f"not fused into one native {op_prefix} node ({why})"
+    return fused, nodes[0].op_type
+
+
+def gemm_models(m: int, k: int, n: int, act: str):
+    """(unfused MatMul+Add[+activation], fused FusedGemmAct node, feeds, FLOPs of the GEMM)."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(F32)
+    b = (rng.standard_normal(n) * 0.1).astype(F32)
+    inits = [_const("W", w), _const("B", b)]
+    nodes, act_inits = act_nodes(act, "z", "Y")
+    unfused = _model([helper.make_node("MatMul", ["X", "W"], ["mm"]), helper.make_node("Add", ["mm", "B"], ["z"]),
+                      *nodes], [("X", [m, k])], inits + act_inits, out_shape=[m, n])
+    attrs = {"activation": act} if act else {}
+    fused = _model([helper.make_node("FusedGemmAct", ["X", "W", "B"], ["Y"], domain=DOMAIN, **attrs)],
+                   [("X", [m, k])], inits, out_shape=[m, n], domains=(DOMAIN,))
+    feeds = {"X": rng.standard_normal((m, k)).astype(F32)}
+    return unfused, fused, feeds, 2 * m * k * n
+
+
+def _medians(lat: dict) -> dict:
+    return {k: statistics.median(statistics.median(rep) for rep in v) for k, v in lat.items()}
+
+
+@intrinsic
+def _stream16(typingctx, src, i, dst, j):
+    """dst[j:j+16] = src[i:i+16] as one 64-byte ``!nontemporal`` store (MOVNTPS: no read-for-ownership,
+    not kept in the caches); &dst[j] must be 64-byte aligned."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vec = ir.VectorType(ir.FloatType(), 16).as_pointer()
+        s = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+        d = context.make_array(sig.args[2])(context, builder, value=args[2]).data
+        v = builder.load(builder.bitcast(builder.gep(s, [args[1]]), vec), align=4)
+        st = builder.store(v, builder.bitcast(builder.gep(d, [args[3]]), vec), align=64)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+    return types.none(src, i, dst, j), codegen
+
+
+@intrinsic
+def _fence(typingctx):
+    """A seq_cst fence (MFENCE): the non-temporal stores before it are visible before what follows."""
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _nt_copy_span(src, dst, dst_addr, s, c):
+    """dst[s:s+c] = src[s:s+c] (dst_addr = address of dst[0]): non-temporal stores for the whole
+    64-byte lines of dst, plain stores before and after them."""
+    k = min(c, ((-(dst_addr + 4 * s)) & 63) >> 2)
+    for h in range(s, s + k):
+        dst[h] = src[h]
+    while k + 16 <= c:
+        _stream16(src, s + k, dst, s + k)
+        k += 16
+    for t in range(s + k, s + c):
+        dst[t] = src[t]
+    _fence()
+
+
+@numba.njit(nogil=True, cache=True)
+def _nt_copy(src, dst, dst_addr):
+    _nt_copy_span(src, dst, dst_addr, 0, src.size)
+
+
+@numba.njit(nogil=True, parallel=True, cache=True)
+def _par_nt_copy(src, dst, dst_addr):
+    nblocks = (src.size + NT_COPY_BLOCK - 1) // NT_COPY_BLOCK
+    for b in numba.prange(nblocks):
+        s = b * NT_COPY_BLOCK
+        _nt_copy_span(src, dst, dst_addr, s, min(NT_COPY_BLOCK, src.size - s))
+
+
+NT_COPY_BLOCK = 1 << 16
+
+
+def copy_runners(n: int, threads: int, args) -> dict:
+    """STREAM-like copies of n floats at ``threads`` (name -> callable), timed beside each case:
+    ORT's Identity by IO binding (intra-op threads = threads), numpy's copyto (one thread), a numba
+    loop (serial at one thread, else prange on numba's threads: ``numba.set_num_threads(threads)``,
+    set by the caller) and a serial numba loop with non-temporal stores (``_nt_copy``; plus a prange
+    one above one thread)."""
+    src = np.random.default_rng(1).standard_normal(n).astype(F32)
+    dst = {k: np.empty_like(src) for k in ("ort_identity", "numpy", "numba", "numba_nt")}
+    nodes, _ = act_nodes("", "X", "Y")
+    plain = _copy if threads == 1 else _par_copy
+    nt_addr = dst["numba_nt"].ctypes.data
+    runners = {"copy_ort_identity": ort_runner(_model(nodes, [("X", [n])], []), {"X": src}, dst["ort_identity"],
+                                               not args.no_spin, threads),
+               "copy_numpy": lambda: np.copyto(dst["numpy"], src),
+               "copy_numba": lambda: plain(src, dst["numba"]),
+               "copy_numba_nt": lambda: _nt_copy(src, dst["numba_nt"], nt_addr)}
+    if threads > 1:  # numba's prange stalls for a scheduler tick when the other core is busy: keep the serial one too
+        runners["copy_numba_nt_prange"] = lambda: _par_nt_copy(src, dst["numba_nt"], nt_addr)
+    return runners
+
+
+def matmul_peak(threads: int, args, dim: int = MATMUL_PEAK_DIM) -> float:
+    """GFLOP/s of ORT's MatMul [dim, dim] x [dim, dim] (weight constant) at ``threads`` intra-op threads."""
+    rng = np.random.default_rng(3)
+    model = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [("X", [dim, dim])],
+                   [_const("W", rng.standard_normal((dim, dim)))])
+    out = np.empty((dim, dim), F32)
+    run = ort_runner(model, {"X": rng.standard_normal((dim, dim)).astype(F32)}, out, not args.no_spin, threads)
+    med = _medians(measure({"matmul": run}, runs=max(5, args.runs // 2), repeats=3, warmup=2))
+    return 2 * dim ** 3 / (med["matmul"] / 1000) / 1e9
+
+
+def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int, args, extra=None) -> dict:
+    """Stock ORT on ``unfused`` (and its A/A copy) against ORT running ``fused`` with the native
+    ``op_type``, interleaved single runs (``bench_measure.measure``) with the ``extra`` runners
+    (copies) in the same rounds; latencies in ms (``extra_ms``: the extra runners' medians)."""
+    outs = {k: np.empty(out_shape, F32) for k in ("ort", "ort_aa", "fused")}
+    spin = not args.no_spin
+    fused_run = ort_runner(fused, feeds, outs["fused"], spin, threads, op_type)
+    runners = {"ort": ort_runner(unfused, feeds, outs["ort"], spin, threads),
+               "ort_aa": ort_runner(unfused, feeds, outs["ort_aa"], spin, threads)}
+    default_mode = native.threading_settings()[0]
+    for mode in [default_mode, *args.fused_threading]:  # the setting is read at run time: one session serves all
+        runners["fused" if mode == default_mode else f"fused[{mode}]"] = _threaded(fused_run, mode)
+    runners.update(extra or {})
+    for r in runners.values():
+        r()
+    ref = outs["ort"]
+    diff = float(np.nanmax(np.abs(outs["fused"] - ref) / (1e-3 + np.abs(ref)))) if ref.size else 0.0
+    lat = measure(runners, runs=args.runs, repeats=args.repeats, warmup=2, gap_s=args.gap_ms / 1000)
+    native.set_threading(default_mode)
+    med = _medians(lat)
+    return {"op": op_type, "threads": threads, "ort_ms": med["ort"], "fused_ms": med["fused"],
+            "ort_aa_ms": med["ort_aa"], "fused_over_ort": ratio(lat["fused"], lat["ort"]),
+            "aa_control": ratio(lat["ort_aa"], lat["ort"]), "max_rel_diff_vs_ort": diff,
+            "extra_ms": {k: med[k] for k in extra or {}},
+            "variants": {m: {"fused_ms": med[f"fused[{m}]"], "fused_over_ort": ratio(lat[f"fused[{m}]"], lat["ort"])}
+                         for m in args.fused_threading if m != default_mode}}
+
+
+def _threaded(run, mode: str):
+    """``run`` with the native ops' threading mode set to ``mode`` first (``native.set_threading``)."""
+    def go():
+        native.set_threading(mode)
+        run()
+    return go
+
+
+def chain_available() -> bool:
+    """Is a native FusedEltwiseChain kernel registered in NATIVE_OPS (another module may add it)?"""
+    return any(name.startswith("FusedEltwiseChain") for name in native.native_ops())
+
+
+def native_table(args, thread_counts, sizes, cases, gemm_acts) -> dict:
+    """Every case at every size and thread count, with the copy and MatMul peaks of the same run."""
+    rows, mm, skipped = [], {}, {}
+    saved_threads = numba.get_num_threads()
+    for threads in thread_counts:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        mm[threads] = matmul_peak(threads, args)
+        print(f"[{threads} thr] ORT MatMul {MATMUL_PEAK_DIM}^3: {mm[threads]:.1f} GFLOP/s", file=sys.stderr, flush=True)
+        for n in sizes:
+            copies = copy_runners(n, threads, args)
+            for case in cases:
+                pattern, prefix = ELTWISE_CASES[case]
+                unfused, feeds, nbytes = unfused_eltwise(case, n)
+                fused, op_type = fused_by_rewrite(unfused, pattern, prefix)
+                if fused is None:
+                    skipped[case] = op_type
+                    continue
+                out_shape = next(iter(feeds.values())).shape
+                row = {"kernel": case, "size": _fmt_n(n), "n": n,
+                       **compare_native(unfused, fused, op_type, feeds, out_shape, threads, args, copies)}
+                row["gbs"] = nbytes / (row["fused_ms"] / 1000) / 1e9
+                row["ort_gbs"] = nbytes / (row["ort_ms"] / 1000) / 1e9
+                row["copy_gbs"] = {k[5:]: 8 * n / (v / 1000) / 1e9 for k, v in row.pop("extra_ms").items()}
+                row["peak"] = max(v for k, v in row["copy_gbs"].items() if "_nt" not in k)
+                row["pct_peak"] = 100 * row["gbs"] / row["peak"]
+                row["pct_nt_copy"] = 100 * row["gbs"] / max(v for k, v in row["copy_gbs"].items() if "_nt" in k)
+                rows.append(row)
+                _progress(row, "GB/s")
+        for label, (m, k, nn) in GEMM_SHAPES.items():
+            for act in gemm_acts:
+                unfused, fused, feeds, flops = gemm_models(m, k, nn, act)
+                row = {"kernel": f"gemm_{act or 'none'}", "size": f"{label} {m}x{k}x{nn}", "n": m * nn,
+                       **compare_native(unfused, fused, "FusedGemmAct", feeds, (m, nn), threads, args)}
+                row["gflops"] = flops / (row["fused_ms"] / 1000) / 1e9
+                row["ort_gflops"] = flops / (row["ort_ms"] / 1000) / 1e9
+                row["peak"] = mm[threads]
+                row["pct_peak"] = 100 * row["gflops"] / mm[threads]
+                rows.append(row)
+                _progress(row, "GFLOP/s")
+    numba.set_num_threads(saved_threads)
+    return {"rows": rows, "skipped": skipped, "matmul_gflops": {str(t): v for t, v in mm.items()}}
+
+
+def _progress(row: dict, unit: str) -> None:
+    rate = row["gbs"] if unit == "GB/s" else row["gflops"]
+    copies = " ".join(f"{k} {v:.1f}" for k, v in row.get("copy_gbs", {}).items())
+    print(f"  {row['kernel']:18s} {row['size']:>16s} {row['threads']} thr  ort {row['ort_ms']:8.3f} ms  fused "
+          f"{row['fused_ms']:8.3f} ms  fused/ort {row['fused_over_ort']:.2f}  A/A {row['aa_control']:.2f}  "
+          f"{rate:.1f} {unit} ({row['pct_peak']:.0f}%){'  copy GB/s: ' + copies if copies else ''}"
+          + "".join(f"  [{m}] {v['fused_ms']:.3f} ms {v['fused_over_ort']:.2f}" for m, v in row.get("variants", {}).items()),
+          file=sys.stderr, flush=True)
+
+
+def print_native(result: dict) -> None:
+    print("| kernel | size | threads | copy GB/s: ORT Identity | numpy | numba | numba non-temporal |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        if "copy_gbs" in r:
+            c = r["copy_gbs"]
+            print(f"| {r['kernel']} | {r['size']} | {r['threads']} | {c['ort_identity']:.1f} | {c['numpy']:.1f} | "
+                  f"{c['numba']:.1f} | {max(c['numba_nt'], c.get('numba_nt_prange', 0)):.1f} |")
+    print()
+    print("| kernel | size | threads | fused ms | ORT ms | fused/ORT | A/A | fused GB/s or GFLOP/s "
+          "| % of copy or MatMul peak | % of non-temporal copy |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        rate = f"{r['gbs']:.1f} GB/s" if "gbs" in r else f"{r['gflops']:.1f} GFLOP/s"
+        nt = f"{r['pct_nt_copy']:.0f}%" if "pct_nt_copy" in r else ""
+        print(f"| {r['kernel']} | {r['size']} | {r['threads']} | {r['fused_ms']:.3f} | {r['ort_ms']:.3f} | "
+              f"{r['fused_over_ort']:.2f} | {r['aa_control']:.2f} | {rate} | {r['pct_peak']:.0f}% | {nt} |")
+    variants = [(r, m, v) for r in result["rows"] for m, v in r.get("variants", {}).items()]
+    if variants:
+        print()
+        print("| kernel | size | threads | native threading | fused ms | fused/ORT | default mode fused/ORT |")
+        print("|---|---|---:|---|---:|---:|---:|")
+        for r, m, v in variants:
+            print(f"| {r['kernel']} | {r['size']} | {r['threads']} | {m} | {v['fused_ms']:.3f} | "
+                  f"{v['fused_over_ort']:.2f} | {r['fused_over_ort']:.2f} |")
+    for case, why in result["skipped"].items():
+        print(f"skipped {case}: {why}")
+
+
 def _fmt_n(n: int) -> str:
     return f"{n // (1 << 20)}M" if n % (1 << 20) == 0 else f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
+def dispatcher_table(kernels, args, env) -> dict:
+    """The numba kernels of kernels/eltwise.py through their dispatcher against stock ORT (``--dispatcher``)."""
+    rows = []
+    copy = {}
+    for n in (args.small, args.large):
+        copy[n] = copy_bandwidth(n)
+        for kernel in kernels:
+            rows.append(bench_kernel(kernel, n, args, copy[n]["best"]))
+            r = rows[-1]
+            print(f"  {kernel:15s} {_fmt_n(n):>5s}  ort {r['ort_ms']:8.3f} ms  fused {r['fused_ms']:8.3f} ms  "
+                  f"fused/ort {r['fused_over_ort']:.2f}  A/A {r['aa_control']:.2f}", file=sys.stderr, flush=True)
+    env["threading_layer"] = numba.threading_layer()
+    env["loadavg_after"] = os.getloadavg()
+    pm = "serial" if args.parallel_min >= E.SERIAL else f"parallel from {args.parallel_min}"
+    print(f"numba {env['numba']} ({env['threading_layer']}, {env['numba_threads']} threads, kernels {pm}), "
+          f"onnxruntime {env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "
+          f"{args.repeats} repeats x {args.runs} interleaved runs, gap {args.gap_ms} ms; load average "
+          f"{env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} after")
+    for n, c in copy.items():
+        print(f"copy bandwidth {_fmt_n(n)} floats: numba {c['numba']:.1f} GB/s, numba prange "
+              f"{c['numba_prange']:.1f} GB/s, numpy {c['numpy']:.1f} GB/s")
+    print()
+    print("| kernel | n | ORT unfused ms | fused ms | fused/ORT | A/A | fused GB/s | % of copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['kernel']} | {_fmt_n(r['n'])} | {r['ort_ms']:.3f} | {r['fused_ms']:.3f} | "
+              f"{r['fused_over_ort']:.2f} | {r['aa_control']:.2f} | {r['fused_gbs']:.1f} | {r['fused_pct_copy']:.0f}% |")
+    return {"env": env, "copy_gbs": {str(k): v for k, v in copy.items()}, "rows": rows}
+
+
+def _llc() -> str:
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--large", type=int, default=1 << 24, help="elements of the large tensor (default 16M)")
+    ap.add_argument("--large", type=int, default=1 << 25, help="elements of the large tensor (default 32M)")
     ap.add_argument("--small", type=int, default=1 << 16, help="elements of the small tensor (default 64K)")
-    ap.add_argument("--kernels", default=",".join(KERNELS))
-    ap.add_argument("--runs", type=int, default=20, help="timed passes per repeat")
+    ap.add_argument("--cases", default=",".join(ELTWISE_CASES), help="native elementwise cases")
+    ap.add_argument("--gemm", default=",".join(a or "none" for a in GEMM_ACTS),
+                    help="FusedGemmAct epilogues (none,relu,...; empty: no GEMM cases)")
+    ap.add_argument("--threads", default="1,2", help="intra-op thread counts of every session")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="numba kernels (--dispatcher, --threshold)")
+    ap.add_argument("--runs", type=int, default=15, help="timed passes per repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="idle sleep before every single run")
     ap.add_argument("--no-spin", action="store_true", help="ORT sessions with intra-op spinning off")
     ap.add_argument("--parallel-min", type=int, default=E.PARALLEL_MIN,
-                    help="parallel_min passed to the kernels (default: eltwise.PARALLEL_MIN, serial)")
+                    help="--dispatcher: parallel_min passed to the kernels (default: eltwise.PARALLEL_MIN, serial)")
+    ap.add_argument("--fused-threading", default="",
+                    help="also time the fused op with these native threading modes (serial,numba), same session")
+    ap.add_argument("--dispatcher", action="store_true",
+                    help="time the numba kernels through their dispatcher instead of the native ops in ORT")
     ap.add_argument("--threshold", action="store_true", help="serial vs prange over sizes instead")
-    ap.add_argument("--json", help="also write the rows as JSON to this path")
+    ap.add_argument("--json", help="also write the raw numbers as JSON to this path")
     args = ap.parse_args(argv)
     kernels = [k for k in args.kernels.split(",") if k]
+    args.fused_threading = [m for m in args.fused_threading.split(",") if m]
 
     env = {"numba": numba.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__,
            "numba_threads": numba.get_num_threads(), "threading_layer": None, "cpus": os.cpu_count(),
-           "parallel_min": args.parallel_min, "loadavg_before": os.getloadavg()}
+           "llc": _llc(), "parallel_min": args.parallel_min, "loadavg_before": os.getloadavg()}
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in env['loadavg_before'])}", file=sys.stderr, flush=True)
     if args.threshold:
         sizes = [1 << k for k in range(14, 23)]
         rows = threshold_table([k for k in kernels if k in E.UNARY_KERNELS or k == "add_relu"], sizes, args)
         env["threading_layer"] = numba.threading_layer()
         result = {"env": env, "threshold": rows}
+    elif args.dispatcher:
+        result = dispatcher_table(kernels, args, env)
     else:
-        rows = []
-        copy = {}
-        for n in (args.small, args.large):
-            copy[n] = copy_bandwidth(n)
-            for kernel in kernels:
-                rows.append(bench_kernel(kernel, n, args, copy[n]["best"]))
-                r = rows[-1]
-                print(f"  {kernel:15s} {_fmt_n(n):>5s}  ort {r['ort_ms']:8.3f} ms  fused {r['fused_ms']:8.3f} ms  "
-                      f"fused/ort {r['fused_over_ort']:.2f}  A/A {r['aa_control']:.2f}", file=sys.stderr, flush=True)
-        env["threading_layer"] = numba.threading_layer()
+        cases = [c for c in args.cases.split(",") if c]
+        unknown = sorted(set(cases) - set(ELTWISE_CASES))
+        if unknown:
+            ap.error(f"unknown cases {unknown}; known: {sorted(ELTWISE_CASES)}")
+        if not chain_available():
+            cases = [c for c in cases if ELTWISE_CASES[c][0] != "eltwise_chain"]
+            print("no native FusedEltwiseChain kernel registered: chain cases skipped", file=sys.stderr)
+        acts = [("" if a == "none" else a) for a in args.gemm.split(",") if a]
+        threads = [int(t) for t in args.threads.split(",") if t]
+        result = native_table(args, threads, [args.small, args.large], cases, acts)
+        env["native_threading"] = native.threading_settings()
         env["loadavg_after"] = os.getloadavg()
-        result = {"env": env, "copy_gbs": {str(k): v for k, v in copy.items()}, "rows": rows}
-        pm = "serial" if args.parallel_min >= E.SERIAL else f"parallel from {args.parallel_min}"
-        print(f"numba {env['numba']} ({env['threading_layer']}, {env['numba_threads']} threads, kernels {pm}), "
-              f"onnxruntime {env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "
-              f"{args.repeats} repeats x {args.runs} interleaved runs, gap {args.gap_ms} ms; load average "
-              f"{env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} after")
-        for n, c in copy.items():
-            print(f"copy bandwidth {_fmt_n(n)} floats: numba {c['numba']:.1f} GB/s, numba prange "
-                  f"{c['numba_prange']:.1f} GB/s, numpy {c['numpy']:.1f} GB/s")
+        result["env"] = env
+        print(f"onnxruntime {env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "
+              f"native ops threading {env['native_threading']}, numba {env['numba']}; LLC {env['llc']}; "
+              f"{args.repeats} repeats x {args.runs} interleaved runs (ort, ort_aa, fused), gap {args.gap_ms} ms; "
+              f"load average {' '.join(f'{v:.2f}' for v in env['loadavg_before'])} before, "
+              f"{' '.join(f'{v:.2f}' for v in env['loadavg_after'])} after")
+        print("ORT MatMul 1024^3 GFLOP/s: " + ", ".join(f"{t} thr {v:.1f}" for t, v in result["matmul_gflops"].items()))
         print()
-        print("| kernel | n | ORT unfused ms | fused ms | fused/ORT | A/A | fused GB/s | % of copy |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for r in rows:
-            print(f"| {r['kernel']} | {_fmt_n(r['n'])} | {r['ort_ms']:.3f} | {r['fused_ms']:.3f} | "
-                  f"{r['fused_over_ort']:.2f} | {r['aa_control']:.2f} | {r['fused_gbs']:.1f} | {r['fused_pct_copy']:.0f}% |")
+        print_native(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -22,6 +22,7 @@ class Match:
     op_type: str = ""  # set by the rewriter from the kernel the registry selects
     node_name: str = ""  # set by the rewriter: the fused node's name, unique in the graph
     lowered: object = None  # set by the rewriter for a lowered kernel: its ``lowering.Lowered``
+    dtype: str = "float32"  # the element type of its tensors: float32, or float16 (elementwise patterns)
 
 
 @dataclass
@@ -57,6 +58,19 @@ def float32_problem(ix: GraphIndex, *tensors: str) -> str:
             dtype = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "undefined"
             return f"no kernel for dtype {dtype} (tensor '{name}'); float32 kernels only"
     return ""
+
+
+def elementwise_dtype(ix: GraphIndex, *tensors: str) -> tuple[str, str]:
+    """(dtype, "") when the tensors of known type are all float32 or all float16 (unknown types count
+    as float32), else ("", the reason naming the dtype)."""
+    known = {name: ix.elem_type(name) for name in tensors if ix.elem_type(name) is not None}
+    if known and set(known.values()) == {onnx.TensorProto.FLOAT16}:
+        return "float16", ""
+    if any(elem != onnx.TensorProto.FLOAT for elem in known.values()):
+        name, elem = next((n, e) for n, e in known.items() if e != onnx.TensorProto.FLOAT)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "undefined"
+        return "", f"no kernel for dtype {dtype} (tensor '{name}') with these inputs; float32 or float16 kernels only"
+    return "float32", ""
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):

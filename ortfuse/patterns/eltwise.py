@@ -9,7 +9,7 @@ import onnx
 
 from ortfuse.graph import GraphIndex
 from ortfuse.patterns.activations import _clip_bounds, match_hardswish_decomposed, match_silu
-from ortfuse.patterns.base import Match, Reject, attr, float32_problem, intermediate_problem
+from ortfuse.patterns.base import Match, Reject, attr, elementwise_dtype, float32_problem, intermediate_problem
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil",
          "Softplus", "LeakyRelu", "Clip", "HardSigmoid"}
@@ -18,7 +18,9 @@ MAX_OPERANDS = 4
 
 
 def _checked(ix: GraphIndex, match: Match, *tensors: str) -> Match | Reject:
-    problem = float32_problem(ix, *tensors, match.output) or intermediate_problem(ix, match.nodes, match.output)
+    """``match`` with its dtype (float32, or float16 where every typed tensor is), or the Reject saying why not."""
+    match.dtype, problem = elementwise_dtype(ix, *tensors, match.output)
+    problem = problem or intermediate_problem(ix, match.nodes, match.output)
     return Reject(match.pattern_id, match.nodes, problem) if problem else match
 
 

@@ -1,0 +1,220 @@
+"""Cold and warm session-creation time of ``ortfuse.InferenceSession`` against stock ORT.
+
+Usage::
+
+    python tools/creation_bench.py [--models resnet50,bert_encoder] [--fusion true,auto]
+                                   [--cold 2] [--warm 3] [--threads 0] [--json PATH]
+
+Each measurement is a fresh Python process (``--child``) that imports ortfuse, then creates, in
+this order, a stock ``onnxruntime.InferenceSession`` (``stock``), the ortfuse session
+(``fused``, ``fusion=True`` or ``"auto"``) and a second stock session (``stock_again``: ORT's own
+creation once its process-wide set-up is done), all from the same model file, CPU provider,
+ORT_ENABLE_ALL. *cold*: numba's cache (``NUMBA_CACHE_DIR``) and ortfuse's cache
+(``ORTFUSE_CACHE_DIR``: fusion plans, auto-tuning decisions) are new empty folders; *warm*: the same
+folders again, filled by the cold run before. ``fusion="auto"`` measures the candidate fusions
+against ORT on a cold cache (seconds), so it is reported on its own rows.
+
+The child also reports what numba compiled or loaded in the process: every numba function of
+``ortfuse.custom_ops`` that holds a compiled signature (with its cache misses = compiled here,
+and hits = loaded from disk) and the native ops registered; the parent lists the functions whose
+cache index files the cold run wrote. Only what the model's fused ops need should appear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+
+# ---------------------------------------------------------------------------------------------
+# child: one fresh process, one measurement
+# ---------------------------------------------------------------------------------------------
+
+def _numba_functions() -> dict[str, dict]:
+    """numba functions of ortfuse.custom_ops with compiled code in this process: name -> counts."""
+    from numba.core.registry import CPUDispatcher
+
+    found = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("ortfuse.custom_ops") or mod is None:
+            continue
+        for attr, obj in list(vars(mod).items()):
+            if isinstance(obj, CPUDispatcher) and obj.signatures and obj.__module__ == mod_name:
+                found[f"{mod_name.rsplit('.', 1)[-1]}.{attr}"] = {
+                    "signatures": len(obj.signatures),
+                    "compiled": sum(obj._cache_misses.values()), "loaded": sum(obj._cache_hits.values())}
+    try:
+        from ortfuse.custom_ops import native
+    except ImportError:
+        return found
+    for fn, cf in list(native._compiled.items()):  # cfuncs: compute callbacks and workers
+        found[f"cfunc {fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"] = {
+            "signatures": 1, "compiled": int(cf.cache_hits == 0), "loaded": cf.cache_hits}
+    return found
+
+
+def child(model_path: str, fusion: str, threads: int) -> dict:
+    t0 = time.perf_counter()
+    import onnxruntime as ort
+
+    import ortfuse
+    t_import = time.perf_counter() - t0
+
+    def options():
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = threads
+        return so
+
+    providers = ["CPUExecutionProvider"]
+    out = {"import_s": t_import}
+    t0 = time.perf_counter()
+    ort.InferenceSession(model_path, options(), providers=providers)
+    out["stock_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sess = ortfuse.InferenceSession(model_path, options(), providers=providers,
+                                    fusion="auto" if fusion == "auto" else True)
+    out["fused_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ort.InferenceSession(model_path, options(), providers=providers)
+    out["stock_again_s"] = time.perf_counter() - t0
+    report = sess.fusion_report
+    out["applied"] = report.applied
+    out["fused_ops"] = report.counts()
+    out["kernels"] = sorted({m.kernel for m in report.fused})
+    out["notes"] = report.notes
+    try:
+        from ortfuse.custom_ops import native
+
+        out["native_registered"] = native.registered_ops()
+    except ImportError:
+        out["native_registered"] = []
+    out["numba_functions"] = _numba_functions()
+    out["numba_imported"] = "numba" in sys.modules
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# parent
+# ---------------------------------------------------------------------------------------------
+
+def run_child(model_path: Path, fusion: str, threads: int, numba_dir: Path, cache_dir: Path) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(numba_dir), "ORTFUSE_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, __file__, "--child", str(model_path), fusion, str(threads)],
+                          env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cached_functions(numba_dir: Path) -> list[str]:
+    """Functions with a numba cache index (``<module>.<qualname>-<line>.py<ver>.nbi``) in the folder."""
+    names = set()
+    for path in numba_dir.rglob("*.nbi"):
+        stem = path.name.split(".py")[0]
+        names.add(stem.rsplit("-", 1)[0])
+    return sorted(names)
+
+
+def bench_model(name: str, fusion: str, args, work: Path) -> dict:
+    import onnx
+
+    from models.registry import make
+
+    model_path = work / f"{name}.onnx"
+    if not model_path.exists():
+        onnx.save(make(name), str(model_path))
+    res = {"model": name, "fusion": fusion, "cold": [], "warm": []}
+    for k in range(args.cold):
+        numba_dir, cache_dir = work / f"numba_{name}_{fusion}_{k}", work / f"ortfuse_{name}_{fusion}_{k}"
+        numba_dir.mkdir()
+        cache_dir.mkdir()
+        res["cold"].append(run_child(model_path, fusion, args.threads, numba_dir, cache_dir))
+        res["cold"][-1]["cache_index_files"] = cached_functions(numba_dir)
+        print(f"  {name} fusion={fusion} cold #{k}: {_line(res['cold'][-1])}", file=sys.stderr, flush=True)
+    for k in range(args.warm):
+        res["warm"].append(run_child(model_path, fusion, args.threads, numba_dir, cache_dir))
+        print(f"  {name} fusion={fusion} warm #{k}: {_line(res['warm'][-1])}", file=sys.stderr, flush=True)
+    return res
+
+
+def _line(r: dict) -> str:
+    compiled = sum(1 for f in r["numba_functions"].values() if f["compiled"])
+    return (f"import {r['import_s']:.2f} s, stock {r['stock_s']:.2f} s, fused {r['fused_s']:.2f} s, stock again "
+            f"{r['stock_again_s']:.2f} s; fused ops {r['fused_ops']}; native {r['native_registered']}; numba "
+            f"functions compiled {compiled}, loaded {sum(1 for f in r['numba_functions'].values() if f['loaded'])}; "
+            f"numba imported: {r['numba_imported']}")
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def print_table(results: list[dict]) -> None:
+    print("| model | fusion | cache | runs | import s | stock ORT s | ortfuse s | ortfuse / stock | stock again s "
+          "| numba functions compiled / loaded | native ops |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+    for res in results:
+        for kind in ("cold", "warm"):
+            rows = res[kind]
+            if not rows:
+                continue
+            stock, fused = _median(rows, "stock_s"), _median(rows, "fused_s")
+            funcs = rows[0]["numba_functions"].values()
+            compiled = sum(1 for f in funcs if f["compiled"])
+            loaded = sum(1 for f in funcs if f["loaded"])
+            print(f"| {res['model']} | {res['fusion']} | {kind} | {len(rows)} | {_median(rows, 'import_s'):.2f} | "
+                  f"{stock:.2f} | {fused:.2f} | {fused / stock:.1f}x | {_median(rows, 'stock_again_s'):.2f} | "
+                  f"{compiled} / {loaded} | {', '.join(rows[0]['native_registered']) or 'none'} |")
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="resnet50,bert_encoder")
+    ap.add_argument("--fusion", default="true,auto", help="fusion values to measure: true, auto")
+    ap.add_argument("--cold", type=int, default=2, help="cold processes per model and fusion value")
+    ap.add_argument("--warm", type=int, default=3, help="warm processes per model and fusion value")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads of every session (0: ORT's default)")
+    ap.add_argument("--workdir", help="folder for models and caches (default: a new temp folder)")
+    ap.add_argument("--json", help="also write the raw numbers as JSON to this path")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ortfuse_creation_"))
+    work.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in load_before)}; work folder {work}", file=sys.stderr)
+    results = [bench_model(m, f, args, work) for m in args.models.split(",") if m
+               for f in args.fusion.split(",") if f]
+    load_after = os.getloadavg()
+    print(f"load average {' '.join(f'{v:.2f}' for v in load_before)} before, "
+          f"{' '.join(f'{v:.2f}' for v in load_after)} after; cold = empty NUMBA_CACHE_DIR and ORTFUSE_CACHE_DIR, "
+          "warm = the same folders filled; each row the median of fresh processes")
+    print()
+    print_table(results)
+    for res in results:
+        cold = res["cold"][0] if res["cold"] else None
+        if cold:
+            print(f"\n{res['model']} fusion={res['fusion']} cold: compiled "
+                  f"{sorted(k for k, f in cold['numba_functions'].items() if f['compiled'])}; cache index files "
+                  f"written for {cold['cache_index_files']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load_before": load_before, "load_after": load_after,
+                                               "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
