@@ -21,13 +21,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: atomic replace still holds, builds may repeat
     fcntl = None
 
-ENV = "ORTFUSE_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """``$ORTFUSE_CACHE_DIR`` if set, else ``~/.cache/ortfuse``."""
-    env = os.environ.get(ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ortfuse"
+from ortfuse.cache_root import ENV, cache_dir  # noqa: F401 - re-exported: models.cache_dir
 
 
 def model_path(name: str) -> Path:

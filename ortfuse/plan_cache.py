@@ -29,7 +29,7 @@ _OPTION_ENTRIES = ("ortfuse.tune_dims", "ortfuse.precision")
 
 
 def root() -> Path:
-    from ortfuse.models.cache import cache_dir
+    from ortfuse.cache_root import cache_dir
 
     return cache_dir() / "plans"
 

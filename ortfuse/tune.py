@@ -461,7 +461,7 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
 
 
 def cache_root() -> Path:
-    from ortfuse.models.cache import cache_dir
+    from ortfuse.cache_root import cache_dir
 
     return cache_dir() / "tuning"
 

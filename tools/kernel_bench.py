@@ -3,8 +3,8 @@
 Usage::
 
     python tools/kernel_bench.py [--large N] [--small N] [--threads 1,2] [--cases hardswish,...]
-                                 [--gemm none,relu,...] [--runs R] [--repeats K] [--gap-ms G]
-                                 [--no-spin] [--json PATH]
+                                 [--gemm none,relu,...] [--fused-threading serial,numba] [--runs R]
+                                 [--repeats K] [--gap-ms G] [--no-spin] [--json PATH]
     python tools/kernel_bench.py --dispatcher [--kernels relu,gelu,...] [--parallel-min N] ...
     python tools/kernel_bench.py --threshold [--kernels relu,gelu,silu,add_relu]
 
@@ -32,6 +32,9 @@ prange at more), GFLOP/s against ORT's 1024^3 MatMul timed before the GEMM cases
 non-temporal stores (no read-for-ownership of the output lines) is timed beside them and reported
 as its own column: it is the bandwidth a kernel with streaming stores could reach. The load
 average is printed before and after: on a shared machine other processes change everything.
+
+``--fused-threading serial,numba``: the same fused session also timed (same rounds) with those
+``native.set_threading`` modes, read by the kernels at run time (a second table).
 
 ``--dispatcher``: the numba kernels of ``kernels/eltwise.py`` through their numba dispatcher (a few
 microseconds of call overhead a cfunc inside ORT does not pay) against the unfused ORT subgraph;
@@ -206,13 +209,13 @@ def ort_runner(model, feeds, out: np.ndarray, spin: bool, threads: int = 0, nati
 # copy bandwidth
 # ---------------------------------------------------------------------------------------------
 
-@numba.njit(nogil=True, parallel=True, cache=True)
+@numba.njit(nogil=True, parallel=True)
 def _par_copy(src, dst):
     for i in numba.prange(src.size):
         dst[i] = src[i]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True)
 def _copy(src, dst):
     for i in range(src.size):
         dst[i] = src[i]
@@ -391,7 +394,7 @@ def _fence(typingctx):
     return types.none(), codegen
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True)
 def _nt_copy_span(src, dst, dst_addr, s, c):
     """dst[s:s+c] = src[s:s+c] (dst_addr = address of dst[0]): non-temporal stores for the whole
     64-byte lines of dst, plain stores before and after them."""
@@ -406,12 +409,12 @@ def _nt_copy_span(src, dst, dst_addr, s, c):
     _fence()
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True)
 def _nt_copy(src, dst, dst_addr):
     _nt_copy_span(src, dst, dst_addr, 0, src.size)
 
 
-@numba.njit(nogil=True, parallel=True, cache=True)
+@numba.njit(nogil=True, parallel=True)
 def _par_nt_copy(src, dst, dst_addr):
     nblocks = (src.size + NT_COPY_BLOCK - 1) // NT_COPY_BLOCK
     for b in numba.prange(nblocks):
@@ -464,8 +467,10 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
     runners = {"ort": ort_runner(unfused, feeds, outs["ort"], spin, threads),
                "ort_aa": ort_runner(unfused, feeds, outs["ort_aa"], spin, threads)}
     default_mode = native.threading_settings()[0]
-    for mode in [default_mode, *args.fused_threading]:  # the setting is read at run time: one session serves all
-        runners["fused" if mode == default_mode else f"fused[{mode}]"] = _threaded(fused_run, mode)
+    runners["fused"] = _threaded(fused_run, default_mode) if args.fused_threading else fused_run
+    for mode in args.fused_threading:  # the mode is read at run time: one session serves every mode
+        if mode != default_mode:
+            runners[f"fused[{mode}]"] = _threaded(fused_run, mode)
     runners.update(extra or {})
     for r in runners.values():
         r()
