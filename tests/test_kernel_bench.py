@@ -26,10 +26,11 @@ def _bench():
 def test_native_table_runs_the_fused_ops_in_ort_and_checks_them_against_stock_ort(tmp_path):
     out = tmp_path / "rows.json"
     assert _bench().main(["--small", "2048", "--large", "4096", "--runs", "1", "--repeats", "1", "--threads", "1",
-                          "--cases", "hardswish,add_relu_bcast", "--gemm", "none,silu", "--json", str(out)]) == 0
+                          "--cases", "hardswish,add_relu_bcast,silu_f16", "--gemm", "none,silu", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = {(r["kernel"], r["size"]): r for r in result["rows"]}
-    assert {k for k, _ in rows} == {"hardswish", "add_relu_bcast", "gemm_none", "gemm_silu"}
+    assert {k for k, _ in rows} == {"hardswish", "add_relu_bcast", "silu_f16", "gemm_none", "gemm_silu"}
+    assert rows[("silu_f16", "2K")]["op"] == "FusedSiLUF16"
     assert rows[("hardswish", "2K")]["op"] == "FusedHardSwish"
     assert rows[("add_relu_bcast", "4K")]["op"] == "FusedAddRelu"
     assert rows[("gemm_silu", "small 16x256x256")]["op"] == "FusedGemmAct"

@@ -22,7 +22,7 @@ Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 
 Cases: FusedHardSwish, FusedSiLU, FusedAddRelu (equal shapes and a [M, 1024] + [1024] broadcast),
 FusedEltwiseChain<k> (two 3-op chains; only when a native chain kernel is registered in this
-process), FusedGemmAct with each epilogue (none, relu, gelu, gelu_tanh, silu) at a small and a
+process), the float16 kernels (``*_f16``: the same subgraphs on float16 tensors against ORT's float16 ops), FusedGemmAct with each epilogue (none, relu, gelu, gelu_tanh, silu) at a small and a
 BERT-FFN-sized shape. Reported: median latencies, ``fused/ort`` and ``ort_aa/ort`` (median over
 repeats of the ratio of per-repeat medians), and the fused op's rate against a peak measured in the
 same run at the same thread count: GB/s (bytes of all inputs and the output, like STREAM, no
@@ -196,7 +196,7 @@ def bound(sess, feeds, out: np.ndarray):
     binding = sess.io_binding()
     for name, value in feeds.items():
         binding.bind_cpu_input(name, value)
-    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+    binding.bind_output(sess.get_outputs()[0].name, "cpu", 0, out.dtype.type, list(out.shape), out.ctypes.data)
     return lambda: sess.run_with_iobinding(binding)
 
 
@@ -310,14 +310,31 @@ ELTWISE_CASES = {
     "add_relu_bcast": ("add_relu", "FusedAddRelu"),
     "chain_affine_relu": ("eltwise_chain", "FusedEltwiseChain"),
     "chain_bias_tanh": ("eltwise_chain", "FusedEltwiseChain"),
+    "hardswish_f16": ("hardswish", "FusedHardSwish"),    # float16 tensors: FusedHardSwishF16
+    "silu_f16": ("silu", "FusedSiLU"),
+    "add_relu_f16": ("add_relu", "FusedAddRelu"),
 }
 GEMM_SHAPES = {"small": (16, 256, 256), "large": (128, 768, 3072)}  # M, K, N
 GEMM_ACTS = ("", "relu", "gelu", "gelu_tanh", "silu")
 MATMUL_PEAK_DIM = 1024
 
 
+def to_float16(model, feeds: dict):
+    """The same model and feeds in float16 (inputs, output, initializers)."""
+    for i, t in enumerate(model.graph.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+    for vi in [*model.graph.input, *model.graph.output]:
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.checker.check_model(model)
+    return model, {k: v.astype(np.float16) for k, v in feeds.items()}
+
+
 def unfused_eltwise(case: str, n: int):
     """(unfused model, feeds, bytes moved: inputs + output) of an elementwise case on n elements."""
+    if case.endswith("_f16"):
+        model, feeds, nbytes = unfused_eltwise(case[:-4], n)
+        return (*to_float16(model, feeds), nbytes // 2)
     if case in ("chain_affine_relu", "chain_bias_tanh"):
         x = (np.random.default_rng(0).standard_normal(n) * 3).astype(F32)
         mk = helper.make_node
@@ -461,7 +478,8 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
     """Stock ORT on ``unfused`` (and its A/A copy) against ORT running ``fused`` with the native
     ``op_type``, interleaved single runs (``bench_measure.measure``) with the ``extra`` runners
     (copies) in the same rounds; latencies in ms (``extra_ms``: the extra runners' medians)."""
-    outs = {k: np.empty(out_shape, F32) for k in ("ort", "ort_aa", "fused")}
+    dtype = next(iter(feeds.values())).dtype  # float32, or float16 for the _f16 cases
+    outs = {k: np.empty(out_shape, dtype) for k in ("ort", "ort_aa", "fused")}
     spin = not args.no_spin
     fused_run = ort_runner(fused, feeds, outs["fused"], spin, threads, op_type)
     runners = {"ort": ort_runner(unfused, feeds, outs["ort"], spin, threads),
@@ -475,7 +493,8 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
     for r in runners.values():
         r()
     ref = outs["ort"]
-    diff = float(np.nanmax(np.abs(outs["fused"] - ref) / (1e-3 + np.abs(ref)))) if ref.size else 0.0
+    fused_out, ref = outs["fused"].astype(np.float64), ref.astype(np.float64)
+    diff = float(np.nanmax(np.abs(fused_out - ref) / (1e-3 + np.abs(ref)))) if ref.size else 0.0
     lat = measure(runners, runs=args.runs, repeats=args.repeats, warmup=2, gap_s=args.gap_ms / 1000)
     native.set_threading(default_mode)
     med = _medians(lat)
