@@ -259,7 +259,7 @@ CHOICES = {  # (op, epilogue) -> (path with the native ops, path without them); 
     ("FusedGemmAct", "relu+gelu"): ("lowered:matmul_add_act", "lowered:matmul_add_act"),
     ("FusedAddRelu", ""): ("native", "reference"),
     ("FusedHardSwish", ""): ("native", "reference"),
-    ("FusedEltwiseChain1", ""): ("reference", "reference"),
+    ("FusedEltwiseChain1", ""): ("native", "reference"),
 }
 
 

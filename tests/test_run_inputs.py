@@ -95,6 +95,9 @@ def sessions():
         fused = ortfuse.InferenceSession(data, fusion=True)
         assert PATTERN[name] in fused.fusion_report.counts(), fused.fusion_report.table()
         out[name] = (onnxruntime.InferenceSession(data), onnxruntime.InferenceSession(data, so), fused)
+    # the chain on the reference (Python-op) kernel: saved already fused with kernels="reference"
+    saved = ortfuse.fuse(MODELS["chain"](), kernels="reference")[0].SerializeToString()
+    out["chain_reference"] = (*out["chain"][:2], ortfuse.InferenceSession(saved))
     return out
 
 
@@ -231,7 +234,7 @@ def test_bad_feeds_raise_like_stock(sessions, name, case):
     _assert_matches(fused.run(None, good), ref.run(None, good))
 
 
-@pytest.mark.parametrize("name", ["add_relu", "chain"])
+@pytest.mark.parametrize("name", ["add_relu", "chain", "chain_reference"])
 def test_shapes_that_do_not_broadcast_raise_like_stock(sessions, name):
     """Symbolic dims that disagree at run time reach the fused kernel (native status, or the numpy
     reference, whose error used to abort the process): stock ORT's exception class, then good runs."""
@@ -242,14 +245,14 @@ def test_shapes_that_do_not_broadcast_raise_like_stock(sessions, name):
     for _ in range(3):
         with pytest.raises(type(theirs.value), match="Fused"):
             fused.run(None, bad)
-        good = _feeds(name, (2, 4), np.random.default_rng(7))
+        good = _feeds(name.removesuffix("_reference"), (2, 4), np.random.default_rng(7))
         _assert_matches(fused.run(None, good), ref.run(None, good))
 
 
 def test_reference_kernel_error_leaves_the_callers_run_options_usable(sessions):
     """The run a reference error stops is stopped through its RunOptions.terminate; ortfuse resets it,
     so the caller's RunOptions run the next input."""
-    _, ref, fused = sessions["chain"]
+    _, ref, fused = sessions["chain_reference"]
     ro = onnxruntime.RunOptions()
     with pytest.raises(Exception, match="FusedEltwiseChain1Ref"):
         fused.run(None, {"x": np.ones((2, 3), np.float32), "y": np.ones(4, np.float32)}, ro)
