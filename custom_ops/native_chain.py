@@ -23,19 +23,27 @@ step uses are not read.
 
 Walk. The broadcast is collapsed into dims where each input either follows the output (stride) or
 repeats (stride 0). The output is cut into blocks of ``BLOCK`` elements (``native.run_blocks``:
-serial, ORT's pool or numba's) and each block into chunks of at most ``CHUNK`` elements (L1): X's
-elements are written to the output chunk, then every step runs in place on it, so X and the output
-pass through memory once whatever the chain length. In a chunk each input is a slice of its buffer,
-one repeated element, or (innermost dim shorter than ``ROW_MIN`` and the input neither follows
-nor repeats over the chunk) its elements gathered into a stack buffer. Chunks never cross a row when
-the innermost dim has at least ``ROW_MIN`` elements, so then nothing is gathered.
+serial, ORT's pool or numba's) and each block into chunks of at most ``CHUNK`` elements (L1): the
+first step reads X (and its operand) and writes the output chunk, then every later step runs in
+place on it, so X and the output pass through memory once whatever the chain length, and a chain
+of s steps makes s passes over the chunk, as s single ops would make over their tensors. Unary
+Sigmoid/Tanh/Exp/Erf/Softplus as the first step copy X into the chunk first (their math dwarfs that
+pass). In a chunk each input is a slice of its buffer, one repeated element, or (innermost dim
+shorter than ``ROW_MIN`` and the input neither follows nor repeats over the chunk) its elements
+gathered into a stack buffer. Chunks never cross a row when the innermost dim has at least
+``ROW_MIN`` elements, so then nothing is gathered.
 
 Math, float32 (``error_model="numpy"``: x/0 is +-Inf or NaN): Relu, LeakyRelu, Clip, HardSigmoid,
 Abs, Neg, Floor, Ceil, Sqrt, Reciprocal, Add, Sub, Mul, Div, Max, Min use the reference's float32
 operations (NaN propagates through Max/Min/Clip like numpy and ORT); Sigmoid, Tanh, Exp, Erf use
 ``vecmath`` (within ``vecmath.MAX_ULP``), in 512-bit vectors where the target has them; Log, Pow and
 Softplus's log1p are libm calls (scalar), and Pow by a repeated exponent 2 or 3 is x*x or x*x*x, as
-ORT computes it. One loop per step and op over the chunk (the op switch outside the loop).
+ORT computes it. One loop per step and op over the chunk (the op switch outside the loop). The
+cheap ops' loops are vectorised inside ``_unary_loop``/``_binary_loop`` and keep LLVM's 256-bit
+vectors: with ``prefer_512bit`` there, a 3-step chain on 32M floats, whose first step streams X
+from memory, took 1.45x as long (64K floats: no clear change). ``prefer_512bit`` on
+``unary_step``/``binary_step`` leaves those loops 256-bit but halved the worker's machine code
+(13.5K against 25.5K lines of assembly), with the same speed.
 """
 
 from __future__ import annotations
@@ -108,7 +116,8 @@ CHAIN_ATTRS = (AttrDef("chain_ops", "ints", W_OPS, max_steps=MAX_STEPS),
                AttrDef("chain_params", "floats", W_PARAMS, max_steps=2 * MAX_STEPS))
 
 BLOCK = 1 << 14     # output elements per block (the unit handed to a thread)
-CHUNK = 2048        # output elements per chunk: all steps run on it while it is in L1
+CHUNK = 1024        # output elements per chunk: all steps run on it while it is in L1 (X, output and
+                    # an operand: 12K of 48K); at 64K/32M floats 2048 was as fast or slower, 8192 slower
 ROW_MIN = 512       # innermost dims this long are walked row by row (no gathering)
 
 # collapsed broadcast plan: MAX_RANK records (extent, stride of input 0..MAX_INPUTS-1), innermost first
@@ -237,15 +246,22 @@ def _binary1(op, a, b):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _unary_loop(d, op, p0, p1):
+def _unary_loop(x, d, fresh, op, p0, p1):
+    """d = op(x) (``fresh``: the chunk's first step, x is X's run) or d = op(d) in place. Two loops:
+    one loop reading x that is called with x = d runs scalar (LLVM's alias check fails on equal
+    addresses), so the in-place loop reads d itself."""
     always_inline()
-    for i in range(d.size):
-        d[i] = _unary1(op, d[i], p0, p1)
+    if fresh:
+        for i in range(d.size):
+            d[i] = _unary1(op, x[i], p0, p1)
+    else:
+        for i in range(d.size):
+            d[i] = _unary1(op, d[i], p0, p1)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _unary_loop_512(d, op):
-    """_unary_loop in 512-bit vectors where the target has them (vecmath.prefer_512bit): LLVM
+    """d = op(d) in place, in 512-bit vectors where the target has them (vecmath.prefer_512bit): LLVM
     vectorises the loop when it compiles this function, so the attribute must sit here."""
     always_inline()
     prefer_512bit()
@@ -254,11 +270,26 @@ def _unary_loop_512(d, op):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _binary_loop(d, c, cv, scalar, op, swap):
-    """d = op(d, c) (swap: op(c, d)) in place; c is the array c, or the value cv when ``scalar``."""
+def _binary_loop(x, d, fresh, c, cv, scalar, op, swap):
+    """d = op(x, c) (swap: op(c, x)) when ``fresh`` (the chunk's first step), else d = op(d, c) in
+    place; c is the array c, or the value cv when ``scalar``."""
     always_inline()
     n = d.size
-    if scalar:
+    if fresh:
+        if scalar:
+            if swap:
+                for i in range(n):
+                    d[i] = _binary1(op, cv, x[i])
+            else:
+                for i in range(n):
+                    d[i] = _binary1(op, x[i], cv)
+        elif swap:
+            for i in range(n):
+                d[i] = _binary1(op, c[i], x[i])
+        else:
+            for i in range(n):
+                d[i] = _binary1(op, x[i], c[i])
+    elif scalar:
         if swap:
             for i in range(n):
                 d[i] = _binary1(op, cv, d[i])
@@ -279,31 +310,35 @@ def _binary_loop(d, c, cv, scalar, op, swap):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def unary_step(d, op, p0, p1):
-    """d = op(d) in place: one loop per op, the switch outside the loops."""
+def unary_step(x, d, fresh, op, p0, p1):
+    """d = op(x) (``fresh``) or d = op(d) in place: one loop per op, the switch outside the loops."""
+    prefer_512bit()  # see the module docstring: the cheap ops' loops stay 256-bit, the code half as large
     if op == OP_RELU:
-        _unary_loop(d, OP_RELU, p0, p1)
+        _unary_loop(x, d, fresh, OP_RELU, p0, p1)
     elif op == OP_LOG:
-        _unary_loop(d, OP_LOG, p0, p1)
+        _unary_loop(x, d, fresh, OP_LOG, p0, p1)
     elif op == OP_ABS:
-        _unary_loop(d, OP_ABS, p0, p1)
+        _unary_loop(x, d, fresh, OP_ABS, p0, p1)
     elif op == OP_NEG:
-        _unary_loop(d, OP_NEG, p0, p1)
+        _unary_loop(x, d, fresh, OP_NEG, p0, p1)
     elif op == OP_SQRT:
-        _unary_loop(d, OP_SQRT, p0, p1)
+        _unary_loop(x, d, fresh, OP_SQRT, p0, p1)
     elif op == OP_RECIPROCAL:
-        _unary_loop(d, OP_RECIPROCAL, p0, p1)
+        _unary_loop(x, d, fresh, OP_RECIPROCAL, p0, p1)
     elif op == OP_FLOOR:
-        _unary_loop(d, OP_FLOOR, p0, p1)
+        _unary_loop(x, d, fresh, OP_FLOOR, p0, p1)
     elif op == OP_CEIL:
-        _unary_loop(d, OP_CEIL, p0, p1)
+        _unary_loop(x, d, fresh, OP_CEIL, p0, p1)
     elif op == OP_LEAKYRELU:
-        _unary_loop(d, OP_LEAKYRELU, p0, p1)
+        _unary_loop(x, d, fresh, OP_LEAKYRELU, p0, p1)
     elif op == OP_CLIP:
-        _unary_loop(d, OP_CLIP, p0, p1)
+        _unary_loop(x, d, fresh, OP_CLIP, p0, p1)
     elif op == OP_HARDSIGMOID:
-        _unary_loop(d, OP_HARDSIGMOID, p0, p1)
+        _unary_loop(x, d, fresh, OP_HARDSIGMOID, p0, p1)
     else:
+        if fresh:  # X into the chunk, then in place: the math dwarfs this pass through L1
+            for i in range(d.size):
+                d[i] = x[i]
         _unary_math_step(d, op)
 
 
@@ -323,27 +358,34 @@ def _unary_math_step(d, op):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def binary_step(d, c, cv, scalar, op, swap):
-    """d = op(d, c) or op(c, d) in place, c an array or (``scalar``) the value cv."""
+def binary_step(x, d, fresh, c, cv, scalar, op, swap):
+    """d = op(x, c) or op(c, x) (``fresh``), or op(d, c) or op(c, d) in place; c an array or
+    (``scalar``) the value cv."""
+    prefer_512bit()  # as in unary_step
     if op == OP_ADD:
-        _binary_loop(d, c, cv, scalar, OP_ADD, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_ADD, swap)
     elif op == OP_SUB:
-        _binary_loop(d, c, cv, scalar, OP_SUB, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_SUB, swap)
     elif op == OP_MUL:
-        _binary_loop(d, c, cv, scalar, OP_MUL, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_MUL, swap)
     elif op == OP_DIV:
-        _binary_loop(d, c, cv, scalar, OP_DIV, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_DIV, swap)
     elif op == OP_MAX:
-        _binary_loop(d, c, cv, scalar, OP_MAX, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_MAX, swap)
     elif op == OP_MIN:
-        _binary_loop(d, c, cv, scalar, OP_MIN, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_MIN, swap)
     elif scalar and not swap and (cv == np.float32(2.0) or cv == np.float32(3.0)):
         cube = cv == np.float32(3.0)  # ORT's Pow by a repeated exponent 2 or 3: x*x or x*x*x
-        for i in range(d.size):
-            v = d[i]
-            d[i] = v * v * (v if cube else _ONE)
+        if fresh:
+            for i in range(d.size):
+                v = x[i]
+                d[i] = v * v * (v if cube else _ONE)
+        else:
+            for i in range(d.size):
+                v = d[i]
+                d[i] = v * v * (v if cube else _ONE)
     else:
-        _binary_loop(d, c, cv, scalar, OP_POW, swap)
+        _binary_loop(x, d, fresh, c, cv, scalar, OP_POW, swap)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -459,19 +501,18 @@ def resolve(args, j, pos, seg, scratch):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def run_chunk(args, pos, seg, scratch, state):
-    """Output elements [pos, pos + seg): X into the output, then every step in place."""
+    """Output elements [pos, pos + seg): the first step reads X and writes the output, every later
+    step runs in place on the output (in L1)."""
     nin = load_i64(args + 8 * A_NIN)
     out_addr = load_i64(args + 8 * A_OUT) + 4 * pos
     d = _f32(out_addr, seg)
-    addr, scalar = resolve(args, 0, pos, seg, out_addr)
+    addr, scalar = resolve(args, 0, pos, seg, out_addr)  # gathered X lands in the output chunk
+    x = _f32(addr, 1 if scalar else seg)
+    fresh = not scalar and addr != out_addr
     if scalar:
-        v = _f32(addr, 1)[0]
+        v = x[0]
         for i in range(seg):
             d[i] = v
-    elif addr != out_addr:
-        x = _f32(addr, seg)
-        for i in range(seg):
-            d[i] = x[i]
     for j in range(1, nin):
         if load_i64(args + 8 * (A_IN + 3 * j + 2)) != K_UNUSED:
             addr, scalar = resolve(args, j, pos, seg, scratch + 4 * CHUNK * (j - 1))
@@ -482,13 +523,14 @@ def run_chunk(args, pos, seg, scratch, state):
         p0 = np.float32(load_f64(args + 8 * (A_PARAMS + 2 * s)))
         p1 = np.float32(load_f64(args + 8 * (A_PARAMS + 2 * s + 1)))
         if code < N_UNARY:
-            unary_step(d, code, p0, p1)
+            unary_step(x, d, fresh, code, p0, p1)
         else:
             operand = load_i64(args + 8 * (A_OPERAND + s))
             j = 1 + (operand >> 1)
             scalar = load_i64(state + 16 * j + 8) != 0
             c = _f32(load_i64(state + 16 * j), 1 if scalar else seg)
-            binary_step(d, c, c[0], scalar, code, (operand & 1) != 0)
+            binary_step(x, d, fresh, c, c[0], scalar, code, (operand & 1) != 0)
+        fresh = False
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
