@@ -306,7 +306,7 @@ class InferenceSession(_ort.InferenceSession):
         self.fusion = fusion
         self._ortfuse_disabled_optimizers: set[str] = set()
         # tensors read by reference (Python-op) kernels, None when there are none: runs then need
-        # _run_guarded, and with ORT's parallel executor they also take _PARALLEL_REFERENCE_RUNS
+        # _run_guarded, and with ORT's parallel executor they are shared runs (python_ops.begin_run)
         self._ortfuse_reference_inputs: frozenset | None = None
         source = path_or_bytes
         plan = None
@@ -440,7 +440,8 @@ _warned: list[bool] = [False]
 def _saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]:
     """The native fused op types of a model saved already fused (they must be added before the
     library is registered) and the tensors its reference kernels read (None: it has none).
-    When onnx cannot read it: no native ops, and every run guarded as if reference kernels read every input."""
+    When onnx cannot read it: no native ops, and every run guarded (which inputs reference kernels
+    read is then unknown, so a None feed is left to ORT)."""
     from ortfuse.rewrite import native_op_types, reference_op_inputs
 
     model, _ = _load_for_fusion(source, sess_options) if isinstance(source, (str, bytes)) else (None, "")
