@@ -22,6 +22,8 @@ import json
 import os
 from pathlib import Path
 
+from ortfuse.session_options import config_entry
+
 FORMAT = 1
 MAX_BYTES = 2 * 2**30
 _ENV_KEYS = ("ORTFUSE_ISA", "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION")
@@ -69,12 +71,7 @@ def _option_values(sess_options) -> list:
     if sess_options is None:
         return [None]
     values = [str(sess_options.graph_optimization_level), sess_options.intra_op_num_threads]
-    for entry in _OPTION_ENTRIES:
-        try:
-            values.append(sess_options.get_session_config_entry(entry))
-        except RuntimeError:  # never set
-            values.append(None)
-    return values
+    return values + [config_entry(sess_options, entry) or None for entry in _OPTION_ENTRIES]
 
 
 def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> str | None:

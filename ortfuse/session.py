@@ -33,6 +33,7 @@ from ortfuse import metadata
 from ortfuse.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.report import FusionReport
+from ortfuse.session_options import config_entry
 
 if TYPE_CHECKING:
     import onnx
@@ -55,19 +56,9 @@ class _Plan:
     reference_inputs: frozenset | None = None  # tensors read by reference (Python-op) kernels; None: none
 
 
-def _config_entry(sess_options, key: str) -> str:
-    """A session config entry, or "" when unset (ORT raises for a missing key)."""
-    if sess_options is None:
-        return ""
-    try:
-        return sess_options.get_session_config_entry(key)
-    except RuntimeError:
-        return ""
-
-
 def _options_forbid_fusion(sess_options) -> str:
     """Session options under which a fused graph would give the caller a different answer than ORT."""
-    if _config_entry(sess_options, "session.record_ep_graph_assignment_info") == "1":
+    if config_entry(sess_options, "session.record_ep_graph_assignment_info") == "1":
         return "the session records ORT's node placement, which must describe the original nodes"
     if sess_options is not None and sess_options.optimized_model_filepath:
         return "the optimized model ORT saves (optimized_model_filepath) must load in stock ORT"
@@ -103,7 +94,7 @@ def _load_for_fusion(source: str | bytes, sess_options) -> tuple[onnx.ModelProto
     import onnx
 
     if isinstance(source, str):
-        fmt = _config_entry(sess_options, "session.load_model_format")
+        fmt = config_entry(sess_options, "session.load_model_format")
         if source.lower().endswith(".ort") or fmt.upper() == "ORT":
             return None, "ORT-format models are run as stock ORT runs them"
         try:
@@ -218,6 +209,7 @@ def _warn_stale(stacklevel: int) -> None:
 
 def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Plan | None, FusionReport, list | None]:
     """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
+    from ortfuse.registry import PRECISION_OPTION
     from ortfuse.rewrite import fuse, is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
 
     model, why_not = _load_for_fusion(source, sess_options)
@@ -247,7 +239,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
     if keep is not None:
         depends = [keep.tuning.path] if keep.tuning.path else ([] if keep.tuning.measured else None)
     fused, report = fuse(model, patterns, kernels, keep=keep,
-                         precision=_config_entry(sess_options, "ortfuse.precision") or None)  # opt-in: registry.py
+                         precision=config_entry(sess_options, PRECISION_OPTION) or None)  # opt-in: registry.py
     if keep is not None:
         keep.tuning.annotate(report)
     if stale:
@@ -491,8 +483,8 @@ def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
                     return options, why_not
                 _default_options[native_ops] = options
             return _default_options[native_ops], ""
-    if _config_entry(sess_options, _REGISTERED_KEY) == "1":
-        have = set(filter(None, _config_entry(sess_options, _NATIVE_KEY).split(",")))
+    if config_entry(sess_options, _REGISTERED_KEY) == "1":
+        have = set(filter(None, config_entry(sess_options, _NATIVE_KEY).split(",")))
         missing = set(native_ops) - have
         if missing:
             return sess_options, (f"{_REUSED_OPTIONS} without {', '.join(sorted(missing))} (native ops are added when "

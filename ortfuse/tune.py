@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 from ortfuse import bench_measure, feeds, metadata, registry
 from ortfuse.graph import GraphIndex
 from ortfuse.report import FusionReport, MatchRecord
+from ortfuse.session_options import config_entry
 
 MARGIN = 0.05  # a fusion must be at least 5% faster than ORT on its subgraph
 MODEL_LIMIT = 0.98  # the whole auto model must win by 2% (median) and in every repeat, else nothing is kept
@@ -154,7 +155,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     batch = int(dims.get("batch", batch))
     declared = feeds.declared_inputs(model)
     shapes = {name: feeds.concrete_shape(decl, batch, dims) for name, _, decl in declared}
-    precision = registry.resolve_precision(_config_entry(sess_options, registry.PRECISION_OPTION) or None)
+    precision = registry.resolve_precision(config_entry(sess_options, registry.PRECISION_OPTION) or None)
     key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
     if not force:
@@ -196,21 +197,12 @@ def _from_metadata(model: onnx.ModelProto, key: dict) -> Tuning | None:
     return tuning
 
 
-def _config_entry(sess_options, key: str) -> str:
-    if sess_options is None:
-        return ""
-    try:
-        return sess_options.get_session_config_entry(key)
-    except RuntimeError:  # ORT raises for a key that was never set
-        return ""
-
-
 def dims_from_options(sess_options) -> dict[str, int]:
     """The ``ortfuse.tune_dims`` config entry of ``sess_options`` ("name=value,..."; ``batch`` is the
     first dim of every input unless an input names a dim "batch")."""
     from ortfuse.model_args import parse_dims
 
-    return parse_dims(_config_entry(sess_options, DIMS_KEY))
+    return parse_dims(config_entry(sess_options, DIMS_KEY))
 
 
 def table(tuning: Tuning) -> str:
