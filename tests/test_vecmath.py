@@ -1,4 +1,4 @@
-"""custom_ops.vecmath: float32 exp / tanh / erf / sigmoid against float64 references, in ulps.
+"""custom_ops.vecmath: float32 exp / tanh / erf / sigmoid / silu against float64 references, in ulps.
 
 Dense sweeps of each function's interesting range, a strided sweep over all 2**32 float32 bit patterns,
 and the special values (±0, ±tiny, ±large, ±Inf, NaN; exp overflow and underflow thresholds). The
@@ -17,9 +17,12 @@ import pytest
 from ortfuse.custom_ops import vecmath
 from ortfuse.custom_ops.vecmath import (
     MAX_ULP,
+    SILU_FLUSH,
+    SILU_FLUSH_ABS,
     erf_f32,
     exp_f32,
     sigmoid_f32,
+    silu_f32,
     tanh_f32,
     ulp_error,
 )
@@ -54,12 +57,18 @@ def _map_sigmoid(x, out):
 
 
 @numba.njit(nogil=True, error_model="numpy")
+def _map_silu(x, out):
+    for i in range(x.size):
+        out[i] = silu_f32(x[i])
+
+
+@numba.njit(nogil=True, error_model="numpy")
 def _map_div(num, d, out):
     for i in range(d.size):
         out[i] = vecmath._div_1_2(num, d[i])
 
 
-MAPS = {"exp": _map_exp, "tanh": _map_tanh, "erf": _map_erf, "sigmoid": _map_sigmoid}
+MAPS = {"exp": _map_exp, "tanh": _map_tanh, "erf": _map_erf, "sigmoid": _map_sigmoid, "silu": _map_silu}
 
 _erf64 = np.frompyfunc(math.erf, 1, 1)
 
@@ -76,10 +85,25 @@ REFS = {
     "tanh": lambda x: np.tanh(x.astype(np.float64)),
     "erf": lambda x: _erf64(x.astype(np.float64)).astype(np.float64),
     "sigmoid": _sigmoid64,
+    "silu": lambda x: x.astype(np.float64) / (1.0 + np.exp(-x.astype(np.float64))),
 }
 
 # the range where each function is not trivially 0, 1, Inf or x
-RANGES = {"exp": (-104.0, 89.0), "tanh": (-9.5, 9.5), "erf": (-4.0, 4.0), "sigmoid": (-104.0, 90.0)}
+RANGES = {"exp": (-104.0, 89.0), "tanh": (-9.5, 9.5), "erf": (-4.0, 4.0), "sigmoid": (-104.0, 90.0),
+          "silu": (-90.0, 90.0)}
+
+
+def errors(name: str, x: np.ndarray) -> np.ndarray:
+    """ulp errors of ``name`` at x; silu's documented -0 below SILU_FLUSH (to within the rounding of n)
+    counts as exact where the exact value is within SILU_FLUSH_ABS of 0."""
+    y = evaluate(name, x)
+    with np.errstate(all="ignore"):
+        ref = REFS[name](x)
+        err = ulp_error(y, ref)
+    if name == "silu":
+        flushed = (x < SILU_FLUSH + 1e-4) & (y == 0) & (np.abs(ref) < SILU_FLUSH_ABS)
+        err[flushed] = 0.0
+    return err
 
 
 def evaluate(name: str, x: np.ndarray) -> np.ndarray:
@@ -100,7 +124,7 @@ def _dense(name: str, n: int = 1 << 20) -> np.ndarray:
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_dense_sweep_within_bound(name):
     x = _dense(name)
-    err = ulp_error(evaluate(name, x), REFS[name](x))
+    err = errors(name, x)
     worst = int(np.argmax(err))
     assert err[worst] <= MAX_ULP[name], f"{name}({x[worst]!r}): {err[worst]:.3f} ulp > {MAX_ULP[name]}"
 
@@ -110,8 +134,7 @@ def test_strided_sweep_of_all_bit_patterns(name):
     """Every 4099th float32 bit pattern (over a million inputs spread over all signs, exponents and
     NaN payloads): within the bound, and special values exactly where float64 rounds to them."""
     x = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    with np.errstate(all="ignore"):
-        err = ulp_error(evaluate(name, x), REFS[name](x))
+    err = errors(name, x)
     worst = int(np.argmax(err))
     assert err[worst] <= MAX_ULP[name], f"{name}({x[worst]!r}): {err[worst]:.3f} ulp"
 
@@ -132,9 +155,7 @@ SPECIALS = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 1.1754944e-38, 1e-
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_special_values(name):
     y = evaluate(name, SPECIALS)
-    with np.errstate(all="ignore"):
-        ref = REFS[name](SPECIALS)
-    err = ulp_error(y, ref)
+    err = errors(name, SPECIALS)
     assert np.all(err <= MAX_ULP[name]), list(zip(SPECIALS[err > MAX_ULP[name]], y[err > MAX_ULP[name]]))
     assert np.isnan(y[-1])  # NaN in, NaN out
     if name in ("tanh", "erf"):  # odd functions keep the sign of zero
@@ -161,6 +182,19 @@ def test_sigmoid_limits():
     assert y[4] == 0.5
 
 
+def test_silu_limits_and_flush():
+    """silu(+Inf) = +Inf, silu(-Inf) = NaN (x * sigmoid(x) = -Inf * 0, as numpy and ORT give); -0 from
+    below SILU_FLUSH on, where every exact value is within SILU_FLUSH_ABS of 0; accurate just above."""
+    y = evaluate("silu", np.array([np.inf, -np.inf, 1e30, -1e30, -100.0, -89.0, -0.0, 0.0], np.float32))
+    assert y[0] == np.inf and np.isnan(y[1]) and y[2] == np.float32(1e30)
+    assert np.all(y[3:6] == 0) and np.all(np.signbit(y[3:7])) and not np.signbit(y[7])
+    below = np.linspace(-90.0, SILU_FLUSH - 1e-4, 10001).astype(np.float32)
+    assert np.all(evaluate("silu", below) == 0)
+    assert np.all(np.abs(REFS["silu"](below)) < SILU_FLUSH_ABS)
+    above = np.linspace(SILU_FLUSH + 1e-4, -80.0, 10001).astype(np.float32)
+    assert ulp_error(evaluate("silu", above), REFS["silu"](above)).max() <= MAX_ULP["silu"]
+
+
 def test_ulp_error_definition():
     one = np.array([1.0], np.float32)
     assert ulp_error(np.nextafter(one, F32(2)), np.array([1.0]))[0] == pytest.approx(1.0)
@@ -170,7 +204,7 @@ def test_ulp_error_definition():
     assert ulp_error(np.array([1e-45], np.float32), np.array([0.0]))[0] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("fn", [exp_f32, tanh_f32, erf_f32, sigmoid_f32], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [exp_f32, tanh_f32, erf_f32, sigmoid_f32, silu_f32], ids=lambda f: f.__name__)
 def test_stays_float32(fn):
     fn(F32(0.25))
     sigs = fn.nopython_signatures
