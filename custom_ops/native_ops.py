@@ -59,7 +59,7 @@ from ortfuse.custom_ops.native import (
     slot_f32,
     slot_i64,
 )
-from ortfuse.custom_ops.vecmath import prefer_512bit, silu_f32
+from ortfuse.custom_ops.vecmath import from_f32, prefer_512bit, silu_f32, to_f32
 
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
 # stack buffer sizes (stack_bytes needs module constants, not expressions)
@@ -193,33 +193,29 @@ def row_offsets(plan, m, row):
 @njit(nogil=True, error_model="numpy", cache=True)
 def add_relu_span(a, b, o, oa, sa, ob, sb, oo, n):
     """o[oo:oo+n] = relu(a[oa + i*sa] + b[ob + i*sb]) with strides 0 or 1; NaN propagates, -0 -> 0.
+    Arrays of float32, or of float16 bits (uint16: the sum in float32, rounded to float16 once).
 
     Loops index slices from 0 (not ``a[oa + i]``): numba then drops its negative-index wraparound
     and LLVM vectorises the loop, 2-4x faster here.
     """
-    zero = np.float32(0)
     out = o[oo:oo + n]
     if sa == 1 and sb == 1:
         aa = a[oa:oa + n]
         bb = b[ob:ob + n]
         for i in range(n):
-            v = aa[i] + bb[i]
-            out[i] = zero if v <= zero else v  # noqa: FURB136 - max() would turn NaN into 0
+            out[i] = from_f32(_relu1(to_f32(aa[i]) + to_f32(bb[i])), out)
     elif sa == 1:
         aa = a[oa:oa + n]
-        bv = b[ob]
+        bv = to_f32(b[ob])
         for i in range(n):
-            v = aa[i] + bv
-            out[i] = zero if v <= zero else v  # noqa: FURB136
+            out[i] = from_f32(_relu1(to_f32(aa[i]) + bv), out)
     elif sb == 1:
         bb = b[ob:ob + n]
-        av = a[oa]
+        av = to_f32(a[oa])
         for i in range(n):
-            v = av + bb[i]
-            out[i] = zero if v <= zero else v  # noqa: FURB136
+            out[i] = from_f32(_relu1(av + to_f32(bb[i])), out)
     else:
-        v = a[oa] + b[ob]
-        r = zero if v <= zero else v  # noqa: FURB136
+        r = from_f32(_relu1(to_f32(a[oa]) + to_f32(b[ob])), out)
         for i in range(n):
             out[i] = r
 
@@ -335,12 +331,13 @@ def hardswish_span(x, y, s, e, add, lo, hi, div):
 @njit(nogil=True, error_model="numpy", cache=True)
 def silu_span(x, y, s, e):
     """y = x * sigmoid(x) in float32 with vecmath's silu_f32 (as eltwise.silu: a few ulp from the
-    reference's x * (1 / (1 + exp(-x))); -0 below x = -88.38, where the exact value is above -3.7e-37)."""
+    reference's x * (1 / (1 + exp(-x))); -0 below x = -88.38, where the exact value is above -3.7e-37).
+    x and y of float32, or of float16 bits (uint16: widened, rounded to float16 once)."""
     prefer_512bit()
     xs = x[s:e]
     ys = y[s:e]
     for i in range(xs.shape[0]):
-        ys[i] = silu_f32(xs[i])
+        ys[i] = from_f32(silu_f32(to_f32(xs[i])), ys)
 
 
 # args block of the unary family (int64 words)

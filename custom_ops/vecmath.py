@@ -83,11 +83,13 @@ __all__ = [
     "exp_f32",
     "f32_as_i32",
     "fmuladd",
+    "from_f32",
     "i32_as_f32",
     "prefer_512bit",
     "sigmoid_f32",
     "silu_f32",
     "tanh_f32",
+    "to_f32",
     "ulp_error",
     "ulp_sweep",
 ]
@@ -137,6 +139,32 @@ def fmuladd(typingctx, a, b, c):
                                             "llvm.fmuladd.f32")
         return builder.call(fn, args)
     return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def to_f32(typingctx, v):
+    """An array element as float32: a float32 as is, a uint16 as the float16 whose bits it holds
+    (LLVM ``fpext``, exact: ``vcvtph2ps`` with F16C / AVX-512). Lets one loop serve both storage types."""
+    if v == types.float32:
+        return types.float32(v), lambda context, builder, sig, args: args[0]
+    if v == types.uint16:
+        return types.float32(v), lambda context, builder, sig, args: builder.fpext(
+            builder.bitcast(args[0], ir.HalfType()), _F32_IR)
+    return None
+
+
+@intrinsic
+def from_f32(typingctx, v, like):
+    """float32 v as an element of array ``like``: float32 as is, or (uint16 array) the bits of v
+    rounded to float16, to nearest even (LLVM ``fptrunc``, as numpy's ``astype``)."""
+    if v != types.float32 or not isinstance(like, types.Array):
+        return None
+    if like.dtype == types.float32:
+        return types.float32(v, like), lambda context, builder, sig, args: args[0]
+    if like.dtype == types.uint16:
+        return types.uint16(v, like), lambda context, builder, sig, args: builder.bitcast(
+            builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return None
 
 
 @intrinsic

@@ -99,6 +99,28 @@ def test_float16_nan_inf_and_extremes_as_stock_ort():
         assert np.array_equal(np.isnan(got), np.isnan(ref)), (kind, got, ref)
 
 
+@pytest.mark.parametrize("div", [6.0, 3.0, 0.0, -0.0, 1e-40, np.inf, np.nan])
+def test_float16_hardswish_divides_where_the_reciprocal_would_differ(div):
+    """native_f16.hardswish_span_f16 multiplies by float32(1 / div) only where that is finite and
+    non-zero (within a float16 ulp of dividing); for div 0, subnormal, Inf or NaN it divides, which
+    equals the float32 reference rounded to float16 bit for bit (0 * (c / 1e-40) is 0, 0 * (c * Inf) NaN)."""
+    from ortfuse.custom_ops import reference
+    from ortfuse.custom_ops.native_f16 import hardswish_span_f16
+
+    x16 = np.concatenate([np.linspace(-8, 8, 4001), [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0]]).astype(np.float16)
+    y = np.empty(x16.shape, np.uint16)
+    hardswish_span_f16(x16.view(np.uint16), y, 0, x16.size, np.float32(3), np.float32(0), np.float32(6), np.float32(div))
+    got = y.view(np.float16)
+    with np.errstate(all="ignore"):
+        ref = reference.hardswish(x16.astype(np.float32), add=3.0, lo=0.0, hi=6.0, div=div).astype(np.float16)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    if np.isfinite(np.float32(1) / np.float32(div)) and np.float32(1) / np.float32(div) != 0:
+        apart = np.abs(got.view(np.int16).astype(np.int32) - ref.view(np.int16).astype(np.int32))
+        assert apart[~np.isnan(ref)].max() <= 1  # float16 bit patterns (same sign: one ulp)
+    else:
+        assert np.array_equal(got.view(np.uint16)[~np.isnan(ref)], ref.view(np.uint16)[~np.isnan(ref)])
+
+
 def test_float16_zero_size_and_non_contiguous_inputs():
     model, _ = _model("add_relu", ["n", 8])
     x = (np.arange(32, dtype=np.float16) - 15).reshape(8, 4).T   # a transposed view, shape (4, 8)
