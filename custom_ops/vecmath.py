@@ -24,18 +24,17 @@ Accuracy, measured against float64 libm over **every** float32 input (all 2**32 
 ``python -m ortfuse.custom_ops.vecmath --exhaustive``, numba on this host: AVX-512 with FMA
 contraction). The ulp is that of the float32 format at the exact result; subnormal results count in
 units of 2**-149. Right column: every 257th bit pattern (16.7M inputs) compiled for the ``generic``
-ISA (SSE2, no FMA: ``llvm.fmuladd`` is a separate multiply and add, which costs the FMA-based
-division of tanh and sigmoid about half an ulp).
+ISA (SSE2, no FMA: ``llvm.fmuladd`` is a separate multiply and add).
 
 ============  =================  ============  ===========================================================
 function      max ulp (host)     generic       notes
 ============  =================  ============  ===========================================================
 exp_f32       0.909 (x=5.1998)   1.114         overflow to +Inf for x > 88.7228, underflow through
                                                subnormals to +0 below -103.97 (numpy float32 semantics)
-tanh_f32      2.030 (x=0.1249)   2.522         odd: tanh(-0) = -0; ±1 exactly for |x| >= 8.4911 (the
+tanh_f32      1.954 (x=0.5196)   1.890         odd: tanh(-0) = -0; ±1 exactly for |x| >= 8.4911 (the
                                                exact value rounds to ±1 from 9.0109 on)
 erf_f32       1.577 (x=0.8794)   1.482         odd: erf(-0) = -0; ±1 for |x| >= 3.92
-sigmoid_f32   2.466 (x=-5.542)   2.977         1/(1+e^-x) for x >= 0, e^x/(1+e^x) below: subnormal
+sigmoid_f32   2.402 (x=-4.157)   2.327         1/(1+e^-x) for x >= 0, e^x/(1+e^x) below: subnormal
                                                results at x < -87.3 are kept (numpy's float32
                                                1/(1+exp(-x)) flushes them to 0)
 silu_f32      2.394 (x=-16.685)  2.337         x * sigmoid(x) as x / (1 + e^-x); -0 below -88.376
@@ -44,26 +43,24 @@ silu_f32      2.394 (x=-16.685)  2.337         x * sigmoid(x) as x / (1 + e^-x);
 
 ``MAX_ULP`` holds the larger of the two columns rounded up; tests/test_vecmath.py asserts them as
 bounds. No input gives a special value that the float64 result does not round to (Inf, 0, NaN checked
-exhaustively). NaN in gives NaN out for all four.
+exhaustively). NaN in gives NaN out for all five.
 
 Speed (loops over 64K floats in cache, 512-bit vectors, 1 thread, best of repeated calls; before ->
-after the changes that gave the table above, same process): exp 14.5 -> 9.9 us, tanh(0.7 x + 0.1)
-29.0 -> 21.9 us, x * sigmoid(x) 21.8 -> 18.1 us, erf 34.0 -> 28.6 us. What bought it: the 2**n
-scaling as ``llvm.ldexp`` (``vscalefps``) on AVX-512; exp's polynomial in plain Horner form (6 FMAs,
-coefficients fitted here, tools/fit_exp.py); no ``divps``: a 512-bit divide blocks the divider for
-about 10 cycles, and sigmoid's and tanh's denominators lie in [1, 2], where ``_div_1_2`` divides with
-7 FMAs; tanh through e**(-2|x|) - 1 without the separate small-|x| polynomial (one branch computed
-instead of two). Measured and not taken: LLVM's reciprocal estimate (``fdiv arcp`` -> ``vrcp14ps``)
-was no faster with LLVM's own Newton step, and 8% faster for silu with only the quotient correction,
-but it needs a function attribute on every caller and gives other results in the scalar remainder
-loop (``rcpss``, 12 bits) and on other ISAs, so the ulp bounds above would no longer describe every
-path.
+after, same process): exp 14.5 -> 9.9 us, tanh(0.7 x + 0.1) 29.0 -> 21.9 us, x * sigmoid(x) 21.8 ->
+18.1 us, erf 34.0 -> 28.6 us from the 2**n scaling as ``llvm.ldexp`` (``vscalefps``) on AVX-512, exp's
+polynomial in plain Horner form (6 FMAs, coefficients fitted here, tools/fit_exp.py) and tanh through
+e**(-2|x|) - 1 without a separate small-|x| polynomial (one branch computed instead of two).
 
-silu_f32 is the exception to "no divps": x / (1 + e**-x) with one ``divps`` and no select. The loop
-is then bound by its 16 other vector instructions on the two 512-bit ports (measured: a variant with
-2 more instructions was 6% slower, one with ``vrcp14ps`` and a correction instead of the divide 3%
-slower), so the divider's occupancy costs about nothing: 64K floats 18.1 -> 13.5 us against
-x * sigmoid_f32(x), and ~0.6 ulp more accurate (no second rounding of sigmoid before the multiply).
+One division per element (``divps``) in tanh, sigmoid and silu. These loops are bound by their 16-25
+other vector instructions on the two 512-bit ports; the divider runs beside them (a 512-bit divide
+occupies it for about 10 cycles), so the division costs about nothing. An earlier version divided
+with 7 FMAs instead (a quadratic guess of 1/d on [1, 2], a Newton step, a corrected quotient);
+``divps`` made tanh(0.7 x + 0.1) 25.7 -> 22.5 us and sigmoid 20.9 -> 17.8 us (same process, another
+day's clock) and the results more accurate (one rounding). silu_f32 computes x / (1 + e**-x) with no
+select: 18.1 -> 13.5 us against x * sigmoid_f32(x). Measured and not taken: a silu variant with 2
+more instructions (6% slower); LLVM's reciprocal estimate (``fdiv arcp`` -> ``vrcp14ps``) with a
+correction step instead of the divide (3% slower for silu, and other results in scalar remainder
+loops, ``rcpss``, and on other ISAs).
 """
 
 from __future__ import annotations
@@ -99,7 +96,7 @@ _F32_IR = ir.FloatType()
 _I32_IR = ir.IntType(32)
 
 # Measured maxima (see the module docstring: host and generic ISA), rounded up; tests assert these.
-MAX_ULP = {"exp": 1.12, "tanh": 2.53, "erf": 1.58, "sigmoid": 2.98, "silu": 2.40}
+MAX_ULP = {"exp": 1.12, "tanh": 1.96, "erf": 1.58, "sigmoid": 2.41, "silu": 2.40}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,14 +277,6 @@ _E4 = F32(0.04166838899254799)
 _E3 = F32(0.1666652113199234)
 _E2 = F32(0.4999999403953552)
 
-# num / d for d in [1, 2] without a division (_div_1_2): r0 = quadratic fit of 1/d (max relative error
-# 0.0101), one Newton step (relative error 1.0e-4), then the quotient q = num r1 corrected once with its
-# residual, q + r1 (num - d q) (relative error ~1e-8 before the last rounding). Coefficients: minimax
-# in relative error on [1, 2] by Lawson's weighted least squares, tools/fit_recip.py.
-_RQ2 = F32(0.32321757)
-_RQ1 = F32(-1.4544804)
-_RQ0 = F32(2.1211479)
-
 # silu: x / (1 + e**-c) with c = x clamped to [-89, 87], so that n = round(-c / ln2) lies in [-126, 128]
 # and 2**n is a normal power of two or, for n = 128, +Inf (two integer operations, _pow2_rounded).
 # n = 128 from x <= -127.5 ln2 on: there 1 + e**-c is +Inf and the result -0 (|exact| < 3.7e-37).
@@ -370,24 +359,13 @@ def exp_f32(x):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _div_1_2(num, d):
-    """num / d for d in [1, 2] (any finite num) with FMAs only: no ``divps`` (a 512-bit divide
-    occupies the divider for ~10 cycles, more than the 7 instructions here)."""
-    always_inline()
-    r = fmuladd(fmuladd(_RQ2, d, _RQ1), d, _RQ0)
-    r = fmuladd(fmuladd(-d, r, _ONE), r, r)
-    q = num * r
-    return fmuladd(fmuladd(-d, q, num), r, q)
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
 def tanh_f32(x):
-    """tanh in float32, max error 2.03 ulp (2.53 without FMA); odd, NaN -> NaN.
+    """tanh in float32, max error 1.95 ulp (1.89 without FMA); odd, NaN -> NaN.
 
     -tanh|x| = em / (em + 2) with em = e**(-2|x|) - 1 from exp's reduction -2|x| = n ln2 + r:
     em = 2**n (e**r - 1) + (2**n - 1), where e**r - 1 is the polynomial without its leading 1
     (no cancellation near 0: relative accuracy down to subnormal x), and the denominator
-    2**n (e**r - 1) + (2**n + 1), in [1, 2], rounded once."""
+    2**n (e**r - 1) + (2**n + 1), in [1, 2], rounded once; one division."""
     always_inline()
     y = abs(x) * _MINUS_TWO
     y = _TANH_LO if y < _TANH_LO else y  # noqa: FURB136 - a select that keeps NaN
@@ -396,8 +374,7 @@ def tanh_f32(x):
     s = _pow2_rounded(m)
     em = fmuladd(s, p, s - _ONE)               # e**y - 1 = 2**n (e**r - 1) + (2**n - 1), in (-1, 0]
     ep = fmuladd(s, p, s + _ONE)               # e**y + 1, rounded once (not 2 + em)
-    q = _div_1_2(em, ep)                       # -tanh|x| = (e**-2|x| - 1) / (e**-2|x| + 1)
-    return copysign_f32(q, x)
+    return copysign_f32(em / ep, x)            # -tanh|x| = (e**-2|x| - 1) / (e**-2|x| + 1)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -433,12 +410,12 @@ def erf_f32(x):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def sigmoid_f32(x):
-    """1 / (1 + e**-x) in float32, max error 2.47 ulp (2.98 without FMA); NaN -> NaN,
+    """1 / (1 + e**-x) in float32, max error 2.40 ulp (2.33 without FMA); NaN -> NaN,
     sigmoid(-Inf) = 0, (+Inf) = 1."""
     always_inline()
     e = _exp_le(-abs(x))
     num = _ONE if x >= _ZERO else e
-    return _div_1_2(num, _ONE + e)
+    return num / (_ONE + e)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -447,10 +424,9 @@ def silu_f32(x):
     SILU_FLUSH (about -88.38, where |exact| < 3.7e-37) the result is -0; silu(+Inf) = +Inf,
     silu(-Inf) = NaN (as x * sigmoid(x): -Inf * 0), NaN -> NaN.
 
-    One ``divps``: the divider runs beside the ~17 other vector instructions, so, unlike sigmoid's
-    select and FMA division, it costs about nothing (x * sigmoid_f32(x) over 64K floats in cache,
-    zmm: 18.1 -> 13.5 us). e**-c is exp's reduction and polynomial with 2**n by two integer
-    operations, folded into the FMA that adds 1: d = p 2**n + 1."""
+    One ``divps`` and no select (x * sigmoid_f32(x) over 64K floats in cache, zmm: 18.1 -> 13.5 us).
+    e**-c is exp's reduction and polynomial with 2**n by two integer operations, folded into the FMA
+    that adds 1: d = p 2**n + 1."""
     always_inline()
     c = _SILU_LO if x < _SILU_LO else x  # noqa: FURB136 - selects that keep NaN
     c = _SILU_HI if c > _SILU_HI else c  # noqa: FURB136
