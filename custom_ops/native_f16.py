@@ -35,15 +35,10 @@ from ortfuse.custom_ops.native import NativeOpDef, slot_f32
 from ortfuse.custom_ops.native_ops import (
     BA_A,
     BA_B,
-    BA_INNER,
-    BA_M,
     BA_N,
     BA_NA,
     BA_NB,
     BA_O,
-    BA_PLAN,
-    BA_ROWS,
-    BA_RPB,
     BLOCK,
     HS_ADD,
     HS_DIV,
@@ -57,8 +52,7 @@ from ortfuse.custom_ops.native_ops import (
     _compute_binary,
     _compute_unary,
     _f,
-    add_relu_span,
-    row_offsets,
+    add_relu_block,
     silu_span,
 )
 from ortfuse.custom_ops.kernels.eltwise import _clip1
@@ -77,23 +71,9 @@ def _u16_view(addr, n):
 
 
 def _add_relu_f16_worker(args, block):
-    a = _u16_view(load_i64(args + 8 * BA_A), load_i64(args + 8 * BA_NA))
-    b = _u16_view(load_i64(args + 8 * BA_B), load_i64(args + 8 * BA_NB))
-    o = _u16_view(load_i64(args + 8 * BA_O), load_i64(args + 8 * BA_N))
-    plan = load_i64(args + 8 * BA_PLAN)
-    m = load_i64(args + 8 * BA_M)
-    rpb = load_i64(args + 8 * BA_RPB)
-    inner = load_i64(args + 8 * BA_INNER)
-    isa = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 8)
-    isb = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 16)
-    if rpb == 0:  # one row: this block is a slice of it
-        s = block * BLOCK
-        add_relu_span(a, b, o, s * isa, isa, s * isb, isb, s, min(inner, s + BLOCK) - s)
-        return
-    rows = load_i64(args + 8 * BA_ROWS)
-    for row in range(block * rpb, min(rows, (block + 1) * rpb)):
-        oa, ob = row_offsets(plan, m, row)
-        add_relu_span(a, b, o, oa, isa, ob, isb, row * inner, inner)
+    add_relu_block(_u16_view(load_i64(args + 8 * BA_A), load_i64(args + 8 * BA_NA)),
+                   _u16_view(load_i64(args + 8 * BA_B), load_i64(args + 8 * BA_NB)),
+                   _u16_view(load_i64(args + 8 * BA_O), load_i64(args + 8 * BA_N)), args, block)
 
 
 # --------------------------------------------------------------------------------------------------

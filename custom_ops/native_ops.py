@@ -293,23 +293,28 @@ def _compute_binary(kernel, ctx):
     return run_blocks(api, ctx, kernel, args, nblocks, n)
 
 
-def _add_relu_worker(args, block):
-    a = _f32_view(load_i64(args + 8 * BA_A), load_i64(args + 8 * BA_NA))
-    b = _f32_view(load_i64(args + 8 * BA_B), load_i64(args + 8 * BA_NB))
-    o = _f32_view(load_i64(args + 8 * BA_O), load_i64(args + 8 * BA_N))
+@njit(nogil=True, cache=True)
+def add_relu_block(a, b, o, args, block):
+    """Block ``block`` of a FusedAddRelu compute (the args block ``_compute_binary`` filled) on the
+    views a, b, o: float32, or float16 bits (native_f16)."""
     plan = load_i64(args + 8 * BA_PLAN)
     m = load_i64(args + 8 * BA_M)
     rpb = load_i64(args + 8 * BA_RPB)
-    if rpb == 0:
+    if rpb == 0:  # one row: this block is a slice of it
         inner = load_i64(args + 8 * BA_INNER)
         isa = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 8)
         isb = load_i64(plan + 8 * (1 + 3 * (m - 1)) + 16)
         s = block * BLOCK
-        e = min(inner, s + BLOCK)
-        add_relu_span(a, b, o, s * isa, isa, s * isb, isb, s, e - s)
+        add_relu_span(a, b, o, s * isa, isa, s * isb, isb, s, min(inner, s + BLOCK) - s)
     else:
         rows = load_i64(args + 8 * BA_ROWS)
         add_relu_rows(a, b, o, plan, m, block * rpb, min(rows, (block + 1) * rpb))
+
+
+def _add_relu_worker(args, block):
+    add_relu_block(_f32_view(load_i64(args + 8 * BA_A), load_i64(args + 8 * BA_NA)),
+                   _f32_view(load_i64(args + 8 * BA_B), load_i64(args + 8 * BA_NB)),
+                   _f32_view(load_i64(args + 8 * BA_O), load_i64(args + 8 * BA_N)), args, block)
 
 
 # --------------------------------------------------------------------------------------------------
