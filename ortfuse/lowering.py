@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.reference import ints
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.patterns.activations import hardsigmoid_as_hardswish
 from ortfuse.patterns.base import Match
 
 MS_DOMAIN = "com.microsoft"
@@ -125,11 +126,10 @@ def epilogue(kind: str, x: str, out: str, ctx: Context, alpha: float = 0.0, beta
             nodes.append(_node("HardSigmoid", [cur], [dst], alpha=float(alpha), beta=float(beta)))
         elif step == "hardswish":
             if style == "native":
-                if alpha <= 0:
-                    return f"HardSigmoid alpha {alpha} <= 0 has no FusedHardSwish form"
-                # x * clip(a x + b, 0, 1) = x * clip(x + b/a, 0, 1/a) / (1/a)
-                nodes.append(_node("FusedHardSwish", [cur], [dst], domain=DOMAIN, add=float(beta / alpha), lo=0.0,
-                                   hi=float(1.0 / alpha), div=float(1.0 / alpha)))
+                params = hardsigmoid_as_hardswish(alpha, beta)
+                if params is None:
+                    return f"HardSigmoid alpha {alpha}, beta {beta} has no FusedHardSwish form"
+                nodes.append(_node("FusedHardSwish", [cur], [dst], domain=DOMAIN, **params))
             elif style == "ort" and ctx.opset >= 14 and _std_hardswish(alpha, beta):
                 nodes.append(_node("HardSwish", [cur], [dst]))
             else:

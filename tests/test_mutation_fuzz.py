@@ -60,7 +60,7 @@ def test_mutated_models_agree_with_stock_ort(kind):
 
 
 def test_campaign_fixtures_replay_cleanly():
-    """Every model that once crashed or hung a campaign worker now gives stock ORT's outcome (one
+    """Every model that once crashed, hung or mismatched in a campaign now gives stock ORT's outcome (one
     subprocess replays them all, so that a regression is a failed test, not a dead test process)."""
     result = subprocess.run([sys.executable, CAMPAIGN, "--replay-file", *FIXTURES], capture_output=True, text=True,
                             timeout=300, cwd=ROOT)
@@ -72,10 +72,11 @@ def test_campaign_fixtures_replay_cleanly():
 
 
 def test_fixture_folder_holds_the_known_regressions():
-    """The replay above is not vacuous: the fixtures of the hangs and the crash fixed in issue 6 are there."""
+    """The replay above is not vacuous: the fixtures of the hangs and the crash fixed in issue 6 and of
+    the mismatch fixed in issue 4 are there."""
     names = {os.path.basename(p) for p in FIXTURES}
     assert {"hang_duplicate_definition.onnx", "hang_self_loop.onnx",
-            "crash_reference_kernel_broadcast_error.onnx"} <= names, names
+            "crash_reference_kernel_broadcast_error.onnx", "mismatch_hardsigmoid_alpha_inf.onnx"} <= names, names
 
 
 def test_campaign_catches_a_segfault_and_a_hang(tmp_path):

@@ -25,6 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 from ortfuse.custom_ops.specs import DOMAIN, SPECS
+from ortfuse.patterns.activations import hardsigmoid_as_hardswish
 from pattern_graphs import (
     CONV_EPILOGUES,
     GEMM_EPILOGUES,
@@ -900,6 +901,30 @@ def hardswish_general_constants():
 ], ids=lambda f: f.__name__)
 def test_hardswish_forms(build):
     assert_fused(build())
+
+
+@pytest.mark.parametrize("alpha", [np.inf, 1e-39, 3e38, 0.0, -0.2])
+def test_hardsigmoid_alpha_without_a_hardswish_form_is_not_a_hardswish(alpha):
+    """x * HardSigmoid(x; alpha) becomes FusedHardSwish(add = beta/alpha, hi = div = 1/alpha) only where
+    those are finite and 1/alpha normal in float32; alpha = Inf gave 0/0 = NaN where ORT gives x
+    (tools/fuzz_campaign.py, case seed 90001617). Such a product may still be an eltwise_chain, and the
+    session's outputs are stock ORT's."""
+    assert hardsigmoid_as_hardswish(alpha, 0.5) is None
+    b = GraphBuilder()
+    x = b.input("x", [4, 5], low=-3, high=3)
+    b.output(b.op("Mul", [x, b.op("HardSigmoid", [x], name="hsig", alpha=float(alpha), beta=0.5)], name="mul"))
+    c = case(b)
+    _, report = fuse(c.model, ["hardswish"])
+    assert not report.fused, report.table()
+    sess = ortfuse.InferenceSession(c.model.SerializeToString(), fusion=True)
+    ref = ortfuse.InferenceSession(c.model.SerializeToString(), fusion=False)
+    np.testing.assert_allclose(sess.run(None, c.feeds)[0], ref.run(None, c.feeds)[0], rtol=RTOL, atol=ATOL,
+                               equal_nan=True)
+
+
+def test_hardsigmoid_as_hardswish_parameters():
+    assert hardsigmoid_as_hardswish(1.0 / 6.0, 0.5) == pytest.approx({"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0})
+    assert hardsigmoid_as_hardswish(0.2, 0.5) == pytest.approx({"add": 2.5, "lo": 0.0, "hi": 5.0, "div": 5.0})
 
 
 @pytest.mark.parametrize("dtype", [np.float64], ids=["float64"])  # float16: tests/test_native_f16.py

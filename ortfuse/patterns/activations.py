@@ -152,6 +152,19 @@ def match_gelu(ix: GraphIndex, x: str) -> Epilogue | None:
     return match_gelu_erf(ix, x) or match_gelu_tanh(ix, x)
 
 
+def hardsigmoid_as_hardswish(alpha: float, beta: float) -> dict | None:
+    """FusedHardSwish's parameters for x * HardSigmoid(x; alpha, beta), or None where there are none:
+    x * clip(alpha x + beta, 0, 1) = x * clip(x + beta/alpha, 0, 1/alpha) / (1/alpha) needs, in
+    float32, alpha > 0 with 1/alpha finite and normal and beta/alpha finite (alpha = Inf would make
+    it 0/0 = NaN where ORT gives x: found by tools/fuzz_campaign.py, case seed 90001617)."""
+    a = np.float32(alpha)
+    with np.errstate(all="ignore"):
+        inv, add = np.float32(1.0) / a, np.float32(beta) / a
+    if not (a > 0 and np.isfinite(inv) and inv >= np.finfo(np.float32).tiny and np.isfinite(add)):
+        return None
+    return {"add": float(add), "lo": 0.0, "hi": float(inv), "div": float(inv)}
+
+
 def match_hardswish(ix: GraphIndex, x: str) -> Epilogue | None:
     """x * HardSigmoid(x), the HardSwish op, or x * Clip(x + 3, 0, 6) / 6 (Div before or after Mul)."""
     op = _next(ix, x, "HardSwish")

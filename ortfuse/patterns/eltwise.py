@@ -8,7 +8,12 @@ import numpy as np
 import onnx
 
 from ortfuse.graph import GraphIndex
-from ortfuse.patterns.activations import _clip_bounds, match_hardswish_decomposed, match_silu
+from ortfuse.patterns.activations import (
+    _clip_bounds,
+    hardsigmoid_as_hardswish,
+    match_hardswish_decomposed,
+    match_silu,
+)
 from ortfuse.patterns.base import Match, Reject, attr, elementwise_dtype, float32_problem, intermediate_problem
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil",
@@ -45,11 +50,9 @@ def match_hardswish(ix: GraphIndex, node: onnx.NodeProto) -> Match | Reject | No
         mul = ix.only_consumer(node.output[0])
         if mul is None or mul.op_type != "Mul" or ix.other_input(mul, node.output[0]) != x:
             return None
-        alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
-        if alpha <= 0:
+        params = hardsigmoid_as_hardswish(float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5)))
+        if params is None:
             return None  # not a HardSwish; an eltwise_chain may still take it
-        # x * clip(alpha x + beta, 0, 1) == x * clip(x + beta/alpha, 0, 1/alpha) / (1/alpha)
-        params = {"add": beta / alpha, "lo": 0.0, "hi": 1.0 / alpha, "div": 1.0 / alpha}
         return _checked(ix, Match("hardswish", "FusedHardSwish", [node, mul], [x], mul.output[0], params), x)
     if node.op_type != "Add":
         return None
