@@ -55,12 +55,12 @@ One division per element (``divps``) in tanh, sigmoid and silu. These loops are 
 other vector instructions on the two 512-bit ports; the divider runs beside them (a 512-bit divide
 occupies it for about 10 cycles), so the division costs about nothing. An earlier version divided
 with 7 FMAs instead (a quadratic guess of 1/d on [1, 2], a Newton step, a corrected quotient);
-``divps`` made tanh(0.7 x + 0.1) 25.7 -> 22.5 us and sigmoid 20.9 -> 17.8 us (same process, another
-day's clock) and the results more accurate (one rounding). silu_f32 computes x / (1 + e**-x) with no
-select: 18.1 -> 13.5 us against x * sigmoid_f32(x). Measured and not taken: a silu variant with 2
-more instructions (6% slower); LLVM's reciprocal estimate (``fdiv arcp`` -> ``vrcp14ps``) with a
-correction step instead of the divide (3% slower for silu, and other results in scalar remainder
-loops, ``rcpss``, and on other ISAs).
+``divps`` made tanh(0.7 x + 0.1) 25.7 -> 22.5 us and sigmoid 20.9 -> 17.8 us (same process, on a
+slower day than the figures above) and the results more accurate (one rounding). silu_f32 computes
+x / (1 + e**-x) with no select: 18.1 -> 13.5 us against x * sigmoid_f32(x). Measured and not
+taken: a silu variant with 2 more instructions (6% slower); LLVM's reciprocal estimate (``fdiv
+arcp`` -> ``vrcp14ps``) with a correction step instead of the divide (8-9% slower for silu, and other
+results in scalar remainder loops, ``rcpss``, and on other ISAs).
 """
 
 from __future__ import annotations
