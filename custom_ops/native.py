@@ -769,9 +769,9 @@ def runtime_api_version() -> int | None:
 
 
 def _load_add_external():
-    from onnxruntime_extensions import get_library_path
+    from ortfuse.custom_ops.registration import library_path
 
-    lib = ctypes.CDLL(get_library_path())  # the handle ORT will dlopen too: the same op list
+    lib = ctypes.CDLL(library_path())  # the handle ORT will dlopen too: the same op list
     fn = getattr(lib, "AddExternalCustomOp", None)
     if fn is None:
         return None
@@ -807,10 +807,11 @@ def unavailable_reason() -> str | None:
 
 
 def _python_op_names() -> set[str]:
-    """Op types defined as onnxruntime-extensions Python ops (``onnx_op``) in this process."""
-    try:
-        from onnxruntime_extensions._ocos import Opdef
-    except ImportError:
+    """Op types defined as onnxruntime-extensions Python ops (``onnx_op``) in this process (none
+    when its Python package was never imported: that is where they are defined)."""
+    ocos = sys.modules.get("onnxruntime_extensions._ocos")
+    Opdef = getattr(ocos, "Opdef", None)  # noqa: N806 - the extensions class
+    if Opdef is None:
         return set()
     return {getattr(op, "op_type", "") for op in list(getattr(Opdef, "_odlist", {}).values())}
 

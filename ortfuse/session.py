@@ -313,7 +313,8 @@ class InferenceSession(_ort.InferenceSession):
             source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
-                sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops)
+                sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops,
+                                                         python_ops=plan.reference_inputs is not None)
                 if why_not:  # native path unavailable: the same fusions on kernels that need no native op
                     from ortfuse.registry import LOWERED_ONLY, NO_NATIVE
 
@@ -343,7 +344,8 @@ class InferenceSession(_ort.InferenceSession):
                 raise
             self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
             native_ops, self._ortfuse_reference_inputs = _saved_fused_ops(source, sess_options)
-            super().__init__(source, _with_custom_ops(sess_options, native_ops)[0], providers, provider_options, **kwargs)
+            sess_options = _with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
+            super().__init__(source, sess_options, providers, provider_options, **kwargs)
         self._ortfuse_parallel = (self._ortfuse_reference_inputs is not None and sess_options is not None
                                   and sess_options.execution_mode == _ort.ExecutionMode.ORT_PARALLEL)
 
@@ -421,11 +423,12 @@ class InferenceSession(_ort.InferenceSession):
 
 
 _REGISTERED_KEY = "ortfuse.custom_ops_registered"
-_default_options: dict[frozenset, _ort.SessionOptions] = {}  # see _with_custom_ops
+_default_options: dict[tuple, _ort.SessionOptions] = {}  # see _with_custom_ops
 _default_options_lock = threading.Lock()
 
 
 _NATIVE_KEY = "ortfuse.native_ops"
+_PYTHON_OPS_KEY = "ortfuse.python_ops"
 _warned: list[bool] = [False]
 
 
@@ -462,10 +465,12 @@ def _warn_native_fallback(reason: str, reused: bool = False) -> None:
 _REUSED_OPTIONS = "these SessionOptions were registered before"
 
 
-def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
+def _with_custom_ops(sess_options, native_ops: frozenset, python_ops: bool = True) -> tuple:
     """Register our fused ops and the onnxruntime-extensions library on the options, once per options.
 
-    Returns (options, "") or (options, why the native ops could not be registered). The library reads
+    ``python_ops``: the model has reference (Python-op) kernels; without them onnxruntime-extensions'
+    Python package (and onnx with it) is not imported. Returns (options, "") or (options, why the
+    native ops could not be registered). The library reads
     the op list when it is registered, so options registered before cannot take new native ops (the
     caller then applies only lowered fusions). Registering every native op instead would compile all
     of them on a machine's first use (38 s against 7 s for one, measured), where only the kernels a
@@ -477,24 +482,28 @@ def _with_custom_ops(sess_options, native_ops: frozenset) -> tuple:
         # (about 3.5 KiB per SessionOptions, measured): sessions made without options share one
         # registered SessionOptions per native op set, so a process creating many stays flat.
         with _default_options_lock:
-            if native_ops not in _default_options:
-                options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops)
+            key = (native_ops, python_ops)
+            if key not in _default_options:
+                options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops, python_ops)
                 if why_not:
                     return options, why_not
-                _default_options[native_ops] = options
-            return _default_options[native_ops], ""
+                _default_options[key] = options
+            return _default_options[key], ""
     if config_entry(sess_options, _REGISTERED_KEY) == "1":
         have = set(filter(None, config_entry(sess_options, _NATIVE_KEY).split(",")))
-        missing = set(native_ops) - have
+        missing = sorted(set(native_ops) - have)
+        if python_ops and config_entry(sess_options, _PYTHON_OPS_KEY) == "0":
+            missing.append("the reference (Python) ops")
         if missing:
-            return sess_options, (f"{_REUSED_OPTIONS} without {', '.join(sorted(missing))} (native ops are added when "
+            return sess_options, (f"{_REUSED_OPTIONS} without {', '.join(missing)} (ops are added when "
                                   "options are first used); use a new SessionOptions per fused session")
         return sess_options, ""
     if native_ops:
-        if not registration.register_native(sess_options, sorted(native_ops)):
+        if not registration.register_native(sess_options, sorted(native_ops), python_ops):
             return sess_options, registration.native_unavailable_reason(sorted(native_ops)) or "unknown reason"
     else:
-        registration.register_library(sess_options)
+        registration.register_library(sess_options, python_ops)
     sess_options.add_session_config_entry(_REGISTERED_KEY, "1")
     sess_options.add_session_config_entry(_NATIVE_KEY, ",".join(sorted(native_ops)))
+    sess_options.add_session_config_entry(_PYTHON_OPS_KEY, "1" if python_ops else "0")
     return sess_options, ""

@@ -295,6 +295,51 @@ def test_disabled_native_path_falls_back_cleanly():
     assert "disabled by ORTFUSE_NATIVE" in proc.stdout and "fallback ok" in proc.stdout
 
 
+def test_session_with_only_native_kernels_never_imports_onnx(tmp_path):
+    """With its plan cached, a fused session whose kernels are all native registers the extensions
+    library by path: neither onnxruntime-extensions' Python package nor onnx (0.5 s to import here,
+    through ml_dtypes) is imported, and the outputs equal stock ORT's unfused ones."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["S"], name="add"), helper.make_node("Relu", ["S"], ["Y"], name="relu")],
+        "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 33]) for n in "AB"],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 33])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "add_relu.onnx"
+    path.write_bytes(model.SerializeToString())
+    code = f"""
+        import sys
+        import numpy as np
+        import onnxruntime
+        import ortfuse
+        sess = ortfuse.InferenceSession({str(path)!r}, fusion=True)
+        kernels = [m.kernel for m in sess.fusion_report.fused]
+        assert len(kernels) == 1 and kernels[0].startswith("native"), kernels
+        rng = np.random.default_rng(0)
+        feeds = {{n: rng.standard_normal((4, 33)).astype(np.float32) for n in "AB"}}
+        so = onnxruntime.SessionOptions()
+        so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        stock = onnxruntime.InferenceSession({str(path)!r}, so).run(None, feeds)[0]
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], stock)
+        print("imported:", sorted(m for m in ("onnx", "onnxruntime_extensions") if m in sys.modules))
+    """
+    env = {"ORTFUSE_CACHE_DIR": str(tmp_path / "cache")}
+    first = _run_python(code, **env)  # plans the fusion (parsing the model with onnx) and caches it
+    assert first.returncode == 0, first.stderr
+    assert "imported: ['onnx']" in first.stdout, first.stdout
+    second = _run_python(code, **env)
+    assert second.returncode == 0, second.stderr
+    assert "imported: []" in second.stdout, second.stdout
+
+
+def test_library_path_is_the_one_the_extensions_package_names():
+    from onnxruntime_extensions import get_library_path
+
+    from ortfuse.custom_ops.registration import library_path
+
+    assert os.path.samefile(library_path(), get_library_path())
+
+
 def test_compiled_code_is_cached_in_user_folder():
     """Kernels land in the user cache folder; a fresh process loads every one of them from it."""
     code = """

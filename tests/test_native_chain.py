@@ -187,6 +187,24 @@ def test_chain_longer_than_max_steps_falls_back_to_reference():
     check(model, feeds)
 
 
+def test_options_first_used_without_reference_ops_leave_a_later_reference_match_to_ort():
+    """Options first used for a model with only native kernels are registered without the reference
+    (Python) ops; a later model on them whose match needs a reference kernel runs that match as ORT
+    does (lowered fusions only), with a warning that says why, and the same results as stock ORT."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    short = chain_model([3, 5], ["Neg", "Tanh"])
+    feeds = {"X": rand((3, 5))}
+    first = ortfuse.InferenceSession(short, so, providers=CPU, fusion=True, fusion_patterns=["eltwise_chain"])
+    assert first.fusion_report.fused[0].kernel.startswith("native")
+    long = chain_model([3, 5], (["Neg", "Tanh", ("LeakyRelu", {"alpha": 0.5})] * MAX_STEPS)[:MAX_STEPS + 1])
+    with pytest.warns(UserWarning, match=r"without the reference \(Python\) ops"):
+        second = ortfuse.InferenceSession(long, so, providers=CPU, fusion=True, fusion_patterns=["eltwise_chain"])
+    assert second.fusion_report.fused == [], second.fusion_report.table()
+    np.testing.assert_array_equal(second.run(None, feeds)[0], stock(long, feeds))
+    np.testing.assert_allclose(first.run(None, feeds)[0], stock(short, feeds), **POLY)
+
+
 # --------------------------------------------------------------------------------------------------
 # every op of the grammar
 # --------------------------------------------------------------------------------------------------

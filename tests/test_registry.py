@@ -77,7 +77,7 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
 def test_unavailable_native_path_warns_once_and_uses_kernels_without_native_ops(monkeypatch):
     from ortfuse.custom_ops import registration
 
-    monkeypatch.setattr(registration, "register_native", lambda so, names: False)
+    monkeypatch.setattr(registration, "register_native", lambda so, names, python_ops=True: False)
     monkeypatch.setattr(registration, "native_unavailable_reason", lambda names=(): "simulated: no symbol")
     monkeypatch.setattr(session, "_warned", [False])
     monkeypatch.setattr(session, "_default_options", {})  # options registered by earlier tests would skip the patch
