@@ -51,6 +51,8 @@ from numba.core import cgutils
 from numba.core.errors import RequireLiteralValue, TypingError
 from numba.extending import intrinsic
 
+from ortfuse.custom_ops.vecmath import always_inline
+
 # --------------------------------------------------------------------------------------------------
 # numba set-up, done before any function below is decorated (the cache locator is chosen then)
 # --------------------------------------------------------------------------------------------------
@@ -394,6 +396,42 @@ store_i32 = _make_store("i32")
 store_u8 = _make_store("i8")
 store_f32 = _make_store("f32")
 store_f64 = _make_store("f64")
+
+
+def _make_prefetch(write: int):
+    @intrinsic
+    def prefetch(typingctx, addr):
+        if not isinstance(addr, types.Integer):
+            raise TypingError("address must be an integer")
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [_I8P, i32, i32, i32]), "llvm.prefetch.p0i8")
+            builder.call(fn, [builder.inttoptr(args[0], _I8P), i32(write), i32(3), i32(1)])  # rw, L1, data
+            return context.get_dummy_value()
+
+        return types.void(addr), codegen
+
+    return prefetch
+
+
+# Cache hints for the line holding an address (prefetcht0 / prefetchw): never fault, whatever the
+# address; prefetch_write fetches the line owned, so a later store does not wait for it.
+prefetch_read = _make_prefetch(0)
+prefetch_write = _make_prefetch(1)
+
+
+@njit(nogil=True, cache=True)
+def prefetch_lines(addr, nbytes, write):
+    """Hint every 64-byte line of [addr, addr + nbytes): prefetch_write if ``write``, else prefetch_read.
+    Inlined: called between pieces of a vectorised loop, a call costs as much as the hints help."""
+    always_inline()
+    for off in range(0, nbytes, 64):
+        if write:
+            prefetch_write(addr + off)
+        else:
+            prefetch_read(addr + off)
 
 
 @intrinsic

@@ -58,6 +58,7 @@ from ortfuse.custom_ops.abi import (
     int_to_voidptr,
     load_f64,
     load_i64,
+    prefetch_lines,
     stack_bytes,
     store_f64,
     store_i64,
@@ -105,6 +106,7 @@ CHAIN_OPS = ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Rec
  OP_CEIL, OP_SOFTPLUS, OP_LEAKYRELU, OP_CLIP, OP_HARDSIGMOID,
  OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN) = range(len(CHAIN_OPS))
 N_UNARY = OP_ADD
+_MATH_OPS = (OP_SIGMOID, OP_TANH, OP_EXP, OP_ERF, OP_SOFTPLUS)  # polynomial: their own loops, in 512-bit vectors
 N_OPS = len(CHAIN_OPS)
 MAX_STEPS = 12
 MAX_INPUTS = 1 + MAX_CHAIN_OPERANDS
@@ -119,6 +121,7 @@ BLOCK = 1 << 14     # output elements per block (the unit handed to a thread)
 CHUNK = 1024        # output elements per chunk: all steps run on it while it is in L1 (X, output and
                     # an operand: 12K of 48K); at 64K/32M floats 2048 was as fast or slower, 8192 slower
 ROW_MIN = 512       # innermost dims this long are walked row by row (no gathering)
+PIECE = 256         # a polynomial step runs in pieces this long, each after hinting one piece of the next chunk
 
 # collapsed broadcast plan: MAX_RANK records (extent, stride of input 0..MAX_INPUTS-1), innermost first
 PLAN_REC = 1 + MAX_INPUTS
@@ -310,8 +313,9 @@ def _binary_loop(x, d, fresh, c, cv, scalar, op, swap):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def unary_step(x, d, fresh, op, p0, p1):
-    """d = op(x) (``fresh``) or d = op(d) in place: one loop per op, the switch outside the loops."""
+def unary_step(x, d, fresh, op, p0, p1, args, nxt, ahead):
+    """d = op(x) (``fresh``) or d = op(d) in place: one loop per op, the switch outside the loops.
+    A polynomial op prefetches output elements [nxt, nxt + ahead) while it runs (``prefetch_ahead``)."""
     prefer_512bit()  # see the module docstring: the cheap ops' loops stay 256-bit, the code half as large
     if op == OP_RELU:
         _unary_loop(x, d, fresh, OP_RELU, p0, p1)
@@ -339,7 +343,25 @@ def unary_step(x, d, fresh, op, p0, p1):
         if fresh:  # X into the chunk, then in place: the math dwarfs this pass through L1
             for i in range(d.size):
                 d[i] = x[i]
-        _unary_math_step(d, op)
+        for s in range(0, d.size, PIECE):
+            if s < ahead:
+                prefetch_ahead(args, nxt + s, min(PIECE, ahead - s))
+            _unary_math_step(d[s:s + PIECE], op)
+
+
+@njit(nogil=True, cache=True)
+def prefetch_ahead(args, pos, count):
+    """Cache hints for output elements [pos, pos + count): the output's lines with intent to write, and
+    the lines of each input read as a run of its buffer (K_FULL). A chunk's polynomial step runs
+    from L1 with no memory traffic of its own; hinting the next chunk meanwhile keeps loads and
+    write-allocations of main memory in flight (0.5 tanh(x + b) on 32M floats, 1 thread: 25.4 -> 18.7
+    ms in a pure-numba model of this loop, against 16.7 ms for a copy)."""
+    always_inline()
+    prefetch_lines(load_i64(args + 8 * A_OUT) + 4 * pos, 4 * count, True)
+    for j in range(load_i64(args + 8 * A_NIN)):
+        base = args + 8 * (A_IN + 3 * j)
+        if load_i64(base + 16) == K_FULL:
+            prefetch_lines(load_i64(base) + 4 * pos, 4 * count, False)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -500,9 +522,10 @@ def resolve(args, j, pos, seg, scratch):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def run_chunk(args, pos, seg, scratch, state):
+def run_chunk(args, pos, seg, scratch, state, ahead):
     """Output elements [pos, pos + seg): the first step reads X and writes the output, every later
-    step runs in place on the output (in L1)."""
+    step runs in place on the output (in L1). The first polynomial step prefetches the next
+    ``ahead`` elements (the next chunk of the same block)."""
     nin = load_i64(args + 8 * A_NIN)
     out_addr = load_i64(args + 8 * A_OUT) + 4 * pos
     d = _f32(out_addr, seg)
@@ -523,7 +546,9 @@ def run_chunk(args, pos, seg, scratch, state):
         p0 = np.float32(load_f64(args + 8 * (A_PARAMS + 2 * s)))
         p1 = np.float32(load_f64(args + 8 * (A_PARAMS + 2 * s + 1)))
         if code < N_UNARY:
-            unary_step(x, d, fresh, code, p0, p1)
+            unary_step(x, d, fresh, code, p0, p1, args, pos + seg, ahead)
+            if code in _MATH_OPS:
+                ahead = 0
         else:
             operand = load_i64(args + 8 * (A_OPERAND + s))
             j = 1 + (operand >> 1)
@@ -545,8 +570,8 @@ def run_block(args, block, scratch):
         seg = min(end - pos, CHUNK)
         if rows:
             seg = min(seg, inner - pos % inner)
-        run_chunk(args, pos, seg, scratch, state)
-        pos += seg
+        run_chunk(args, pos, seg, scratch, state, min(end - pos - seg, CHUNK))  # hints stay in the block:
+        pos += seg                                                              # another thread may own the next
 
 
 def _chain_worker(args, block):

@@ -45,6 +45,7 @@ from ortfuse.custom_ops.native_ops import (
     HS_HI,
     HS_LO,
     NATIVE_OPS,
+    PIECE,
     UA_N,
     UA_SLOT,
     UA_X,
@@ -53,6 +54,7 @@ from ortfuse.custom_ops.native_ops import (
     _compute_unary,
     _f,
     add_relu_block,
+    hint_ahead,
     silu_span,
 )
 from ortfuse.custom_ops.kernels.eltwise import _clip1
@@ -95,17 +97,21 @@ def hardswish_span_f16(x, y, s, e, add, lo, hi, div):
     """y = f16(v * (clip(v + add, lo, hi) / div)), v = f32(x), on float16 bits; the division as a
     multiply by float32(1 / div) when that is finite and non-zero (then a float32 ulp from dividing)."""
     prefer_512bit()
-    xs = x[s:e]
-    ys = y[s:e]
     rdiv = np.float32(1) / div
-    if math.isfinite(rdiv) and rdiv != np.float32(0):
-        for i in range(xs.shape[0]):
-            v = to_f32(xs[i])
-            ys[i] = from_f32(v * (_clip1(v + add, lo, hi) * rdiv), ys)
-    else:  # div is 0, subnormal, infinite or NaN: divide, as the reference does
-        for i in range(xs.shape[0]):
-            v = to_f32(xs[i])
-            ys[i] = from_f32(v * (_clip1(v + add, lo, hi) / div), ys)
+    by_rdiv = math.isfinite(rdiv) and rdiv != np.float32(0)
+    for p in range(s, e, PIECE):
+        q = min(p + PIECE, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+        xs = x[p:q]
+        ys = y[p:q]
+        if by_rdiv:
+            for i in range(xs.shape[0]):
+                v = to_f32(xs[i])
+                ys[i] = from_f32(v * (_clip1(v + add, lo, hi) * rdiv), ys)
+        else:  # div is 0, subnormal, infinite or NaN: divide, as the reference does
+            for i in range(xs.shape[0]):
+                v = to_f32(xs[i])
+                ys[i] = from_f32(v * (_clip1(v + add, lo, hi) / div), ys)
 
 
 def _hardswish_f16_worker(args, block):

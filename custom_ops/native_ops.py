@@ -37,6 +37,7 @@ from ortfuse.custom_ops.abi import (
     msg_put,
     msg_put_dims,
     msg_status,
+    prefetch_lines,
     stack_bytes,
     store_i64,
 )
@@ -59,9 +60,11 @@ from ortfuse.custom_ops.native import (
     slot_f32,
     slot_i64,
 )
-from ortfuse.custom_ops.vecmath import from_f32, prefer_512bit, silu_f32, to_f32
+from ortfuse.custom_ops.vecmath import always_inline, from_f32, prefer_512bit, silu_f32, to_f32
 
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
+PIECE = 256      # the unary spans run in pieces this long, each after hinting the lines AHEAD elements on
+AHEAD = 1024
 # stack buffer sizes (stack_bytes needs module constants, not expressions)
 ADD_RELU_SCRATCH = 8 * (3 * MAX_RANK + 1 + 3 * MAX_RANK)
 GEMM_SCRATCH = 4 * DIMS_BYTES
@@ -322,15 +325,34 @@ def _add_relu_worker(args, block):
 # --------------------------------------------------------------------------------------------------
 
 
+@njit(nogil=True, cache=True)
+def hint_ahead(xa, ya, size, p, q, e):
+    """Cache hints for elements [p, q) + AHEAD (up to e) of the arrays at xa (read) and ya (write),
+    of ``size``-byte elements, before a span's piece [p, q) is computed. A loop with a division or
+    exp per element issues its loads too slowly for the hardware prefetcher to hide memory latency;
+    these keep main memory busy (32M float16 SiLU, 1 thread, pure-numba model: 15.1 -> 9.6 ms;
+    float32 15.8 -> 14.5 ms, a copy 15.7). Inlined, and given addresses: a call per piece, or
+    arrays passed to the inlined function, cost 2.3 ms of those 32M."""
+    always_inline()
+    lo = p + AHEAD
+    hi = min(q + AHEAD, e)
+    if lo < hi:
+        prefetch_lines(xa + size * lo, size * (hi - lo), False)
+        prefetch_lines(ya + size * lo, size * (hi - lo), True)
+
+
 @njit(nogil=True, error_model="numpy", cache=True)
 def hardswish_span(x, y, s, e, add, lo, hi, div):
     """y = x * (clip(x + add, lo, hi) / div) in float32; clip as np.minimum(np.maximum(.)): NaN in the
     value or a bound gives NaN, ties give the bound (eltwise.hardswish, bit-identical to the reference)."""
-    xs = x[s:e]
-    ys = y[s:e]
-    for i in range(xs.shape[0]):
-        v = xs[i]
-        ys[i] = v * (_clip1(v + add, lo, hi) / div)
+    for p in range(s, e, PIECE):
+        q = min(p + PIECE, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+        xs = x[p:q]
+        ys = y[p:q]
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            ys[i] = v * (_clip1(v + add, lo, hi) / div)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -339,10 +361,13 @@ def silu_span(x, y, s, e):
     reference's x * (1 / (1 + exp(-x))); -0 below x = -88.38, where the exact value is above -3.7e-37).
     x and y of float32, or of float16 bits (uint16: widened, rounded to float16 once)."""
     prefer_512bit()
-    xs = x[s:e]
-    ys = y[s:e]
-    for i in range(xs.shape[0]):
-        ys[i] = from_f32(silu_f32(to_f32(xs[i])), ys)
+    for p in range(s, e, PIECE):
+        q = min(p + PIECE, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+        xs = x[p:q]
+        ys = y[p:q]
+        for i in range(xs.shape[0]):
+            ys[i] = from_f32(silu_f32(to_f32(xs[i])), ys)
 
 
 # args block of the unary family (int64 words)

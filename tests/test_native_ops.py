@@ -4,6 +4,10 @@ concurrent runs of one session."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -168,6 +172,33 @@ def test_unary_strided_input(session):
     assert not x.flags.c_contiguous
     _assert_same(session("FusedHardSwish", ["X"], HARDSWISH).run(None, {"X": x})[0], reference.hardswish(x, **HARDSWISH))
     _assert_same(session("FusedSiLU", ["X"]).run(None, {"X": x})[0], reference.silu(x), exact=False)
+
+
+def test_division_loops_hint_the_lines_ahead(tmp_path):
+    """The spans whose loop divides or computes exp per element, and the chain's polynomial steps,
+    hint the lines of the elements ahead (prefetcht0 for inputs, prefetchw for the output): without
+    the hints, 32M float16 SiLU took 1.6x as long (native_ops.hint_ahead). Compiled in a process
+    with an empty cache: code loaded from the cache carries no assembly text."""
+    code = """
+        import numpy as np
+        from ortfuse.custom_ops import native_chain, native_f16, native_ops
+        f32, u16, one = np.zeros(8, np.float32), np.zeros(8, np.uint16), np.float32(1)
+        compiled = [(native_ops.silu_span, (f32, f32, 0, 8)), (native_ops.silu_span, (u16, u16, 0, 8)),
+                    (native_ops.hardswish_span, (f32, f32, 0, 8, one, one, one, one)),
+                    (native_f16.hardswish_span_f16, (u16, u16, 0, 8, one, one, one, one)),
+                    (native_chain.unary_step, (f32, f32, True, native_chain.OP_TANH, one, one, 0, 0, 0))]
+        for fn, args in compiled:
+            fn(*args)
+            asm = fn.inspect_asm(tuple(fn.typeof_pyval(a) for a in args))
+            print(fn.__name__, asm.count("prefetchw"), asm.count("prefetcht0"))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    counts = [line.split() for line in proc.stdout.splitlines()]
+    assert len(counts) == 5, proc.stdout
+    for name, writes, reads in counts:
+        assert int(writes) > 0 and int(reads) > 0, proc.stdout
 
 
 def test_hardswish_missing_attribute_fails_session_creation():
