@@ -26,7 +26,9 @@ repeats (stride 0). The output is cut into blocks of ``BLOCK`` elements (``nativ
 serial, ORT's pool or numba's) and each block into chunks of at most ``CHUNK`` elements (L1): the
 first step reads X (and its operand) and writes the output chunk, then every later step runs in
 place on it, so X and the output pass through memory once whatever the chain length, and a chain
-of s steps makes s passes over the chunk, as s single ops would make over their tensors. Unary
+of s steps makes s passes over the chunk, as s single ops would make over their tensors. The first
+polynomial step of a chunk hints the next chunk of its block into the cache while it computes
+(``prefetch_ahead``), so that memory stays busy during the math. Unary
 Sigmoid/Tanh/Exp/Erf/Softplus as the first step copy X into the chunk first (their math dwarfs that
 pass). In a chunk each input is a slice of its buffer, one repeated element, or (innermost dim
 shorter than ``ROW_MIN`` and the input neither follows nor repeats over the chunk) its elements
