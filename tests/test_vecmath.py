@@ -231,3 +231,26 @@ def test_division_and_scaling(name):
     assert bool(re.search(r"\bv?div[sp]s\b", asm)) == (name != "exp")
     assert "ldexp" not in asm
 
+
+
+@pytest.mark.parametrize("target", [t for t in isa.KERNEL_ISAS if t != "amx"])
+def test_every_isa_variant_within_the_bounds(target, tmp_path):
+    """Each ISA variant this CPU runs, compiled in a fresh process for it (numba's target flags), stays
+    within MAX_ULP over every 4099th bit pattern; without FMA (generic) the errors are the larger
+    ones, which is where the bounds come from (the exhaustive sweeps in the module docstring)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if target not in isa.supported_isas():
+        pytest.skip(f"this CPU does not support {target}")
+    code = ("import json; from ortfuse.custom_ops import vecmath as v; "
+            "print(json.dumps({n: v.ulp_sweep(n, 4099)[::2] for n in v.MAX_ULP}))")
+    env = {**os.environ, **isa.numba_env(target), "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop("ORTFUSE_ISA", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (worst, mismatches) in result.items():
+        assert mismatches == 0 and 0 < worst <= MAX_ULP[name], (target, name, worst, mismatches)
