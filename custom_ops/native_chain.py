@@ -28,7 +28,8 @@ first step reads X (and its operand) and writes the output chunk, then every lat
 place on it, so X and the output pass through memory once whatever the chain length, and a chain
 of s steps makes s passes over the chunk, as s single ops would make over their tensors. The first
 polynomial step of a chunk hints the next chunk of its block into the cache while it computes
-(``prefetch_ahead``), so that memory stays busy during the math. Unary
+(``prefetch_ahead``; tensors of at least ``native_ops.HINT_MIN`` elements), so that memory stays busy
+during the math. Unary
 Sigmoid/Tanh/Exp/Erf/Softplus as the first step copy X into the chunk first (their math dwarfs that
 pass). In a chunk each input is a slice of its buffer, one repeated element, or (innermost dim
 shorter than ``ROW_MIN`` and the input neither follows nor repeats over the chunk) its elements
@@ -90,7 +91,7 @@ from ortfuse.custom_ops.native import (
     slot_api,
     slot_i64,
 )
-from ortfuse.custom_ops.native_ops import NATIVE_OPS, broadcast_dims, broadcast_error
+from ortfuse.custom_ops.native_ops import HINT_MIN, NATIVE_OPS, broadcast_dims, broadcast_error
 from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
 from ortfuse.custom_ops.vecmath import (
     always_inline,
@@ -567,13 +568,14 @@ def run_block(args, block, scratch):
     rows = load_i64(args + 8 * A_ROWS) != 0
     state = stack_bytes(CHUNK_STATE_BYTES)
     pos = block * BLOCK
-    end = min(n, pos + BLOCK)
+    end = min(n, pos + BLOCK)  # hints stay in the block (another thread may own the next), and are
+    hints = n >= HINT_MIN      # left out where the tensors fit in L2
     while pos < end:
         seg = min(end - pos, CHUNK)
         if rows:
             seg = min(seg, inner - pos % inner)
-        run_chunk(args, pos, seg, scratch, state, min(end - pos - seg, CHUNK))  # hints stay in the block:
-        pos += seg                                                              # another thread may own the next
+        run_chunk(args, pos, seg, scratch, state, min(end - pos - seg, CHUNK) if hints else 0)
+        pos += seg
 
 
 def _chain_worker(args, block):

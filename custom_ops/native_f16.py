@@ -45,7 +45,6 @@ from ortfuse.custom_ops.native_ops import (
     HS_HI,
     HS_LO,
     NATIVE_OPS,
-    PIECE,
     UA_N,
     UA_SLOT,
     UA_X,
@@ -55,6 +54,7 @@ from ortfuse.custom_ops.native_ops import (
     _f,
     add_relu_block,
     hint_ahead,
+    hint_plan,
     silu_span,
 )
 from ortfuse.custom_ops.kernels.eltwise import _clip1
@@ -99,9 +99,10 @@ def hardswish_span_f16(x, y, s, e, add, lo, hi, div):
     prefer_512bit()
     rdiv = np.float32(1) / div
     by_rdiv = math.isfinite(rdiv) and rdiv != np.float32(0)
-    for p in range(s, e, PIECE):
-        q = min(p + PIECE, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+    limit, step = hint_plan(x.shape[0], s, e)
+    for p in range(s, e, step):
+        q = min(p + step, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
         xs = x[p:q]
         ys = y[p:q]
         if by_rdiv:

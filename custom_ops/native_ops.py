@@ -65,6 +65,7 @@ from ortfuse.custom_ops.vecmath import always_inline, from_f32, prefer_512bit, s
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
 PIECE = 256      # the unary spans run in pieces this long, each after hinting the lines AHEAD elements on
 AHEAD = 1024
+HINT_MIN = 1 << 18  # tensors shorter than this (1 MiB of float32) get no hints (hint_plan)
 # stack buffer sizes (stack_bytes needs module constants, not expressions)
 ADD_RELU_SCRATCH = 8 * (3 * MAX_RANK + 1 + 3 * MAX_RANK)
 GEMM_SCRATCH = 4 * DIMS_BYTES
@@ -326,8 +327,19 @@ def _add_relu_worker(args, block):
 
 
 @njit(nogil=True, cache=True)
+def hint_plan(n, s, e):
+    """(limit, step) of a span [s, e) of an n-element tensor: hints below ``limit`` in pieces of ``step``.
+    A tensor shorter than HINT_MIN fits in L2 with its output: no hints, one piece (pieces and hints
+    cost 5% there: 64K-float SiLU 15.7 -> 16.5 us)."""
+    always_inline()
+    if n >= HINT_MIN:
+        return e, PIECE
+    return s, max(e - s, 1)
+
+
+@njit(nogil=True, cache=True)
 def hint_ahead(xa, ya, size, p, q, e):
-    """Cache hints for elements [p, q) + AHEAD (up to e) of the arrays at xa (read) and ya (write),
+    """Cache hints for elements [p, q) + AHEAD (below e) of the arrays at xa (read) and ya (write),
     of ``size``-byte elements, before a span's piece [p, q) is computed. A loop with a division or
     exp per element issues its loads too slowly for the hardware prefetcher to hide memory latency;
     these keep main memory busy (32M float16 SiLU, 1 thread, pure-numba model: 15.1 -> 9.6 ms;
@@ -345,9 +357,10 @@ def hint_ahead(xa, ya, size, p, q, e):
 def hardswish_span(x, y, s, e, add, lo, hi, div):
     """y = x * (clip(x + add, lo, hi) / div) in float32; clip as np.minimum(np.maximum(.)): NaN in the
     value or a bound gives NaN, ties give the bound (eltwise.hardswish, bit-identical to the reference)."""
-    for p in range(s, e, PIECE):
-        q = min(p + PIECE, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+    limit, step = hint_plan(x.shape[0], s, e)
+    for p in range(s, e, step):
+        q = min(p + step, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
         xs = x[p:q]
         ys = y[p:q]
         for i in range(xs.shape[0]):
@@ -361,9 +374,10 @@ def silu_span(x, y, s, e):
     reference's x * (1 / (1 + exp(-x))); -0 below x = -88.38, where the exact value is above -3.7e-37).
     x and y of float32, or of float16 bits (uint16: widened, rounded to float16 once)."""
     prefer_512bit()
-    for p in range(s, e, PIECE):
-        q = min(p + PIECE, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, e)
+    limit, step = hint_plan(x.shape[0], s, e)
+    for p in range(s, e, step):
+        q = min(p + step, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
         xs = x[p:q]
         ys = y[p:q]
         for i in range(xs.shape[0]):
