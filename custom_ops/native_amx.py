@@ -280,7 +280,7 @@ def unavailable_reason() -> str | None:
     and Linux must grant the tile-data permission (asked here, once per process)."""
     from ortfuse.custom_ops import native
 
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     missing = sorted({"amx-tile", "amx-bf16"} - isa.host_features())
     if missing:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ortfuse.graph import fresh_name
+from ortfuse.ir.graph import fresh_name
 
 OPSET = 17
 IR_VERSION = 8

@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: atomic replace still holds, builds may repeat
     fcntl = None
 
-from ortfuse.cache_root import ENV, cache_dir  # noqa: F401 - re-exported: models.cache_dir
+from ortfuse.runtime.cache_paths import ENV, cache_dir  # noqa: F401 - re-exported: models.cache_dir
 
 
 def model_path(name: str) -> Path:

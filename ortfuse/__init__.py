@@ -17,14 +17,14 @@ del _name
 
 __version__ = "0.1.0"
 
-from ortfuse.report import FusionReport  # noqa: E402
+from ortfuse.fusion.report import FusionReport  # noqa: E402
 from ortfuse.session import InferenceSession  # noqa: E402
 
 
 def __getattr__(name: str):
     """``fuse`` and ``backend`` load onnx (~0.6 s), so they are imported on first use."""
     if name == "fuse":
-        from ortfuse.rewrite import fuse
+        from ortfuse.fusion.rewrite import fuse
 
         return fuse
     if name == "backend":

@@ -164,7 +164,7 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
     so = measuring_options(getattr(ort.GraphOptimizationLevel, cfg.level), threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if cfg.fusion == "auto":
-        from ortfuse.tune import DIMS_KEY
+        from ortfuse.tune.tuner import DIMS_KEY
 
         so.add_session_config_entry(DIMS_KEY, f"batch={int(batch)}")
     if cfg.stock:
@@ -212,7 +212,7 @@ def resolve_model(arg: str) -> ModelSource:
 
 def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
     """(name, onnx elem type, dims) of the graph inputs that are not initializers; dims are int or str/None."""
-    from ortfuse import feeds
+    from ortfuse.ir import feeds
 
     try:
         return feeds.declared_inputs(path)
@@ -229,9 +229,9 @@ def file_batch(path: str, batch: int) -> int:
 
 
 def inputs_from_declared(path: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs from the model's declared shapes and dtypes (``ortfuse.feeds``: dynamic
+    """Seeded random inputs from the model's declared shapes and dtypes (``ortfuse.ir.feeds``: dynamic
     dims are ``batch`` for the first dim, 128 for any other)."""
-    from ortfuse import feeds
+    from ortfuse.ir import feeds
 
     try:
         return feeds.random_feeds(_declared_inputs(path), batch=batch, seed=seed)

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import onnxruntime as _ort
 
-from ortfuse import metadata
-from ortfuse.catalogue import validate_patterns
+from ortfuse.ir import metadata
+from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.report import FusionReport
-from ortfuse.session_options import config_entry
+from ortfuse.fusion.report import FusionReport
+from ortfuse.runtime.session_options import config_entry
 
 if TYPE_CHECKING:
     import onnx
@@ -163,7 +163,7 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         props = _scan_props(source)
         if props is not None and metadata.FUSION_ENABLED not in props:
             return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
-    from ortfuse import plan_cache
+    from ortfuse.runtime import plan_cache
 
     cache_key = plan_cache.key(source, sess_options, fusion, fusion_patterns, kernels)
     entry = plan_cache.load(cache_key)
@@ -209,8 +209,8 @@ def _warn_stale(stacklevel: int) -> None:
 
 def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Plan | None, FusionReport, list | None]:
     """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
-    from ortfuse.registry import PRECISION_OPTION
-    from ortfuse.rewrite import fuse, is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
+    from ortfuse.kernels.registry import PRECISION_OPTION
+    from ortfuse.fusion.rewrite import fuse, is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
 
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
@@ -263,7 +263,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
 def _auto_rule(model: onnx.ModelProto, patterns, sess_options):
     """The ``fuse(keep=...)`` rule of ``fusion="auto"``: the tuner's decisions for this model on this
     machine (cached, else measured now unless ``ORTFUSE_TUNE=off``); unmeasured matches stay unfused."""
-    from ortfuse import tune
+    from ortfuse.tune import tuner as tune
 
     tuning = tune.tune(model, patterns, sess_options)
     rule = tuning.keep_rule()
@@ -274,7 +274,7 @@ def _auto_rule(model: onnx.ModelProto, patterns, sess_options):
 class InferenceSession(_ort.InferenceSession):
     """Drop-in for ``onnxruntime.InferenceSession`` that applies ortfuse's fusions.
 
-    ``fusion_report`` (a :class:`~ortfuse.report.FusionReport`) says what was fused and why not.
+    ``fusion_report`` (a :class:`~ortfuse.fusion.report.FusionReport`) says what was fused and why not.
     """
 
     def __init__(
@@ -316,7 +316,7 @@ class InferenceSession(_ort.InferenceSession):
                 sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops,
                                                          python_ops=plan.reference_inputs is not None)
                 if why_not:  # native path unavailable: the same fusions on kernels that need no native op
-                    from ortfuse.registry import LOWERED_ONLY, NO_NATIVE
+                    from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
 
                     # options registered before without these ops: rather than the slow reference
                     # kernels, only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
@@ -437,7 +437,7 @@ def _saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]
     library is registered) and the tensors its reference kernels read (None: it has none).
     When onnx cannot read it: no native ops, and every run guarded (which inputs reference kernels
     read is then unknown, so a None feed is left to ORT)."""
-    from ortfuse.rewrite import native_op_types, reference_op_inputs
+    from ortfuse.fusion.rewrite import native_op_types, reference_op_inputs
 
     model, _ = _load_for_fusion(source, sess_options) if isinstance(source, (str, bytes)) else (None, "")
     if model is None:

@@ -31,7 +31,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse import isa, plan_cache, registry
+from ortfuse.kernels import isa
+from ortfuse.runtime import plan_cache
+from ortfuse.kernels import registry
 
 AMX_OP = registry.AMX_OP
 AMX_FEATURES = "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2"
@@ -168,7 +170,7 @@ def test_rewriter_emits_the_amx_op_only_under_the_opt_in(features):
     for precision in (None, "fp32"):
         fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision=precision)
         assert AMX_OP not in {n.op_type for n in fused.graph.node}
-    from ortfuse.rewrite import is_rewritten, native_op_types
+    from ortfuse.fusion.rewrite import is_rewritten, native_op_types
 
     fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
     assert native_op_types(fused) == {AMX_OP} and is_rewritten(fused)

@@ -14,8 +14,8 @@ import pytest
 
 import ortfuse
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
-from ortfuse import metadata
-from ortfuse.annotate import main as annotate_main
+from ortfuse.ir import metadata
+from ortfuse.cli.annotate import main as annotate_main
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
 from onnx import TensorProto, helper
 
 import ortfuse
-from ortfuse import metadata
+from ortfuse.ir import metadata
 
 FUSIONS = [None, False, True, "auto"]
 ATOL = 1e-5

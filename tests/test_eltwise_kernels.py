@@ -28,7 +28,7 @@ import pytest
 from ortfuse.custom_ops import reference as R
 from ortfuse.custom_ops.kernels import eltwise as E
 
-from ortfuse import isa
+from ortfuse.kernels import isa
 
 F32 = np.float32
 SIZES = [0, 1, 7, 17, 1023, (1 << 20) + 3]
@@ -362,7 +362,7 @@ def test_in_place_loops_are_vector_code():
 PROBE = textwrap.dedent("""
     import json, sys
     import numba, numpy as np
-    from ortfuse import isa
+    from ortfuse.kernels import isa
     from ortfuse.custom_ops import reference as R
     from ortfuse.custom_ops.kernels import eltwise as E
     x = (np.random.default_rng(0).standard_normal(10007) * 4).astype(np.float32)

@@ -22,7 +22,7 @@ def test_plain_install_into_a_target_folder(tmp_path):
     installed = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")))
     assert installed == ["bin", "ortfuse"] or installed == ["ortfuse"], installed
     code = (
-        "import ortfuse, ortfuse.custom_ops, ortfuse.models, ortfuse.backend, ortfuse.patterns,"
+        "import ortfuse, ortfuse.custom_ops, ortfuse.models, ortfuse.backend, ortfuse.fusion.patterns,"
         " ortfuse.custom_ops.kernels;"
         "print(ortfuse.__file__); print(ortfuse.custom_ops.__file__); print(ortfuse.models.__file__)"
     )

@@ -132,7 +132,7 @@ ISA_PROBE = r"""
 import json, sys, numpy as np, onnxruntime
 sys.path.insert(0, sys.argv[1])
 import ortfuse
-from ortfuse import registry
+from ortfuse.kernels import registry
 from test_lifetime import _session_zoo
 out = {"native_isa": registry.native_isa(), "sessions": {}}
 for name, data, patterns, feeds, stock in _session_zoo():
@@ -149,7 +149,7 @@ def test_forced_isa_in_a_subprocess():
     """numba compiles for one ISA per process (DESIGN.md 4b): a subprocess with ORTFUSE_ISA=avx2 and
     avx2's numba target selects and runs avx2 kernels for every session of the zoo above, equal to
     stock ORT (max |diff| <= 1e-5)."""
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     if "avx2" not in isa.supported_isas():
         pytest.skip("this CPU has no AVX2")  # only on CPUs without AVX2, never on the CI machines

@@ -1,4 +1,4 @@
-"""The ``lowered`` kernel path (``ortfuse.lowering``, issue #4): each lowering rule, forced with
+"""The ``lowered`` kernel path (``ortfuse.kernels.lowering``, issue #4): each lowering rule, forced with
 ``fuse(kernels="lowered:<form>")``, on odd shapes (strides, asymmetric pads, groups, depthwise,
 dilations, batch > 1, 1-D to 4-D GEMM inputs) against the same model run unfused by stock ORT at
 ORT_DISABLE_ALL; the rule the registry picks per op and epilogue; the report's label and the
@@ -31,10 +31,12 @@ from pattern_graphs import (
 )
 
 import ortfuse
-from ortfuse import fuse, lowering, registry
+from ortfuse import fuse
+from ortfuse.kernels import lowering
+from ortfuse.kernels import registry
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.report import DISABLED, REJECTED
-from ortfuse.rewrite import is_rewritten, native_op_types
+from ortfuse.fusion.report import DISABLED, REJECTED
+from ortfuse.fusion.rewrite import is_rewritten, native_op_types
 
 RTOL, ATOL = 1e-4, 1e-5
 MS = "com.microsoft"

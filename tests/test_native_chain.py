@@ -28,8 +28,8 @@ from ortfuse.custom_ops.registration import register_native
 from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 
 import ortfuse
-from ortfuse.patterns import eltwise as eltwise_pattern
-from ortfuse.rewrite import fuse
+from ortfuse.fusion.patterns import eltwise as eltwise_pattern
+from ortfuse.fusion.rewrite import fuse
 
 pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
                                 reason=f"native path unavailable: {native.unavailable_reason()}")

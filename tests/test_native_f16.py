@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from pattern_graphs import CPU, GraphBuilder, epi_hardsigmoid_mul, epi_hardswish_div_mul, epi_silu, tolerance
 
 import ortfuse
-from ortfuse import registry
+from ortfuse.kernels import registry
 
 F16_ULP = 2.0**-10
 pytestmark = pytest.mark.skipif(not registry._native_ops(), reason="the native path is unavailable here; "
@@ -172,7 +172,7 @@ def test_saved_float16_fused_model_runs_in_a_fresh_session():
 ISA_PROBE = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ortfuse import registry
+from ortfuse.kernels import registry
 from test_native_f16 import SIZES, _check, _model
 for kind in ("add_relu", "hardswish", "silu"):
     for shape in SIZES:
@@ -190,7 +190,7 @@ def test_float16_kernels_in_every_isa_variant(level):
     import subprocess
     import sys
 
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     if level not in isa.supported_isas():
         pytest.skip(f"this CPU cannot run the {level} variant")

@@ -29,7 +29,7 @@ from pattern_graphs import (
 
 import ortfuse
 from ortfuse import models
-from ortfuse.catalogue import PATTERN_IDS
+from ortfuse.fusion.catalogue import PATTERN_IDS
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -232,7 +232,7 @@ def test_native_rank_limit_mirrors_the_kernels():
     """registry.NATIVE_MAX_RANK (used at rewrite time) is the limit the native kernels enforce."""
     from ortfuse.custom_ops import native
 
-    from ortfuse import registry
+    from ortfuse.kernels import registry
 
     assert registry.NATIVE_MAX_RANK == native.MAX_RANK
 

@@ -33,8 +33,8 @@ from pattern_graphs import (
 )
 
 from ortfuse import fuse
-from ortfuse.catalogue import PATTERN_IDS
-from ortfuse.report import FUSED, REJECTED
+from ortfuse.fusion.catalogue import PATTERN_IDS
+from ortfuse.fusion.report import FUSED, REJECTED
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

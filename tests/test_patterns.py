@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 from ortfuse.custom_ops.specs import DOMAIN, SPECS
-from ortfuse.patterns.activations import hardsigmoid_as_hardswish
+from ortfuse.fusion.patterns.activations import hardsigmoid_as_hardswish
 from pattern_graphs import (
     CONV_EPILOGUES,
     GEMM_EPILOGUES,
@@ -44,9 +44,10 @@ from pattern_graphs import (
 )
 
 import ortfuse
-from ortfuse import fuse, registry
-from ortfuse.catalogue import PATTERN_IDS, UnknownPatternError
-from ortfuse.report import DISABLED, REJECTED
+from ortfuse import fuse
+from ortfuse.kernels import registry
+from ortfuse.fusion.catalogue import PATTERN_IDS, UnknownPatternError
+from ortfuse.fusion.report import DISABLED, REJECTED
 
 RTOL, ATOL = 1e-4, 1e-5
 OP_OF_PATTERN = {spec.pattern_id: spec.name for spec in SPECS.values() if not spec.name.startswith("FusedEltwise")}
@@ -1810,7 +1811,7 @@ def test_long_vectors_are_inferred_without_data_propagation(length, monkeypatch)
     stock ORT."""
     import onnxruntime
 
-    from ortfuse import graph
+    from ortfuse.ir import graph
 
     used = []
     real = onnx.shape_inference.infer_shapes

@@ -14,7 +14,7 @@ from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
 
 import onnxruntime
 import ortfuse
-from ortfuse import plan_cache
+from ortfuse.runtime import plan_cache
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +87,7 @@ def test_a_changed_model_file_is_planned_again(model_path):
 
 
 def test_changed_auto_decisions_make_the_plan_stale(model_path):
-    from ortfuse import tune
+    from ortfuse.tune import tuner as tune
 
     first = ortfuse.InferenceSession(model_path, fusion="auto")
     assert not _cached(first.fusion_report)
@@ -163,7 +163,7 @@ def test_code_digest_is_the_same_in_every_process():
     import subprocess
     import sys
 
-    digests = {subprocess.run([sys.executable, "-c", "from ortfuse import plan_cache; print(plan_cache._code_digest())"],
+    digests = {subprocess.run([sys.executable, "-c", "from ortfuse.runtime import plan_cache; print(plan_cache._code_digest())"],
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
                               check=True).stdout.strip() for seed in (0, 1, 2, 3)}
     assert digests == {plan_cache._code_digest()}

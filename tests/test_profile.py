@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 from ortfuse import cli, models
-from ortfuse import profiling as P
-from ortfuse.feeds import declared_inputs, random_feeds
+from ortfuse.cli import profile as P
+from ortfuse.ir.feeds import declared_inputs, random_feeds
 
 RUNS, WARMUP = 3, 1
 ROOT = pathlib.Path(__file__).resolve().parents[1]

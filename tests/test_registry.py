@@ -11,7 +11,8 @@ import pytest
 
 import ortfuse
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
-from ortfuse import registry, session
+from ortfuse import session
+from ortfuse.kernels import registry
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
     """Selection logic with an overridden feature set: an AMX kernel (a test-only entry of another
     dtype; the real one, FusedGemmActBf16, is tested in test_amx.py) is chosen on an AMX CPU, and on
     others the reason names what this CPU has."""
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     monkeypatch.setenv("ORTFUSE_ISA", override)
     isa.refresh()

@@ -412,7 +412,7 @@ def test_unannotated_model_is_not_parsed(monkeypatch, tmp_path):
 
 
 def test_metadata_scan_equals_onnx_parse():
-    from ortfuse import metadata
+    from ortfuse.ir import metadata
 
     model = annotated(ffn_matmul_add_relu(), patterns="add_relu")
     assert metadata.scan_props(model.SerializeToString()) == metadata.read_props(model)

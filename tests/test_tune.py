@@ -1,4 +1,4 @@
-"""Profile-guided ``fusion="auto"`` (ortfuse.tune): decisions come from real measurements on this
+"""Profile-guided ``fusion="auto"`` (ortfuse.tune.tuner): decisions come from real measurements on this
 machine, are cached per model/machine/versions, and a kept fusion computes what stock ORT computes.
 
 Timing-dependent outcomes are asserted only where the margin is wide: a decomposed HardSwish
@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxruntime
 import ortfuse
-from ortfuse import tune
-from ortfuse.report import DISABLED, FUSED
+from ortfuse.tune import tuner as tune
+from ortfuse.fusion.report import DISABLED, FUSED
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fused vs stock ORT_DISABLE_ALL; the native HardSwish is exact
 
@@ -56,7 +56,7 @@ def _stock(model, feeds):
 
 
 def _native_available() -> bool:
-    from ortfuse import registry
+    from ortfuse.kernels import registry
 
     return "FusedHardSwish" in registry._native_ops()
 
@@ -280,7 +280,7 @@ def test_tune_command_usage_errors(tmp_path, capsys, argv, message):
 
 
 def test_annotate_tune_writes_decisions_a_session_uses_without_measuring(tmp_path, monkeypatch, capsys):
-    from ortfuse import metadata
+    from ortfuse.ir import metadata
     from ortfuse.cli import annotate_main
 
     path = tmp_path / "hs.onnx"

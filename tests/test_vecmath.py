@@ -27,7 +27,7 @@ from ortfuse.custom_ops.vecmath import (
     ulp_error,
 )
 
-from ortfuse import isa
+from ortfuse.kernels import isa
 
 F32 = np.float32
 

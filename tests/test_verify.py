@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortfuse import cli
-from ortfuse import verify as V
+from ortfuse.cli import verify as V
 
 N_BRANCHES = 20  # fused ops in the bisection model (>= 16)
 WIDTH = 8
@@ -153,7 +153,7 @@ def test_suggestion_leaves_out_the_pattern_and_says_instances_cannot_be_named(br
 
 
 def test_suggestion_keeps_the_other_patterns_that_fuse():
-    from ortfuse.verify import Bisection, FusedOp, VerifyResult, suggest
+    from ortfuse.cli.verify import Bisection, FusedOp, VerifyResult, suggest
 
     ops = [FusedOp("conv_bn_relu", ("c",), "f0"), FusedOp("silu", ("s",), "f1"), FusedOp("add_relu", ("a",), "f2")]
     r = VerifyResult("m.onnx", False, 0, 0, ["conv_bn_relu", "add_relu", "silu", "eltwise_chain"], {}, "", ops, [])

@@ -16,7 +16,7 @@ Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 - ``ort``: the unfused subgraph (HardSwish as Add->Clip->Div->Mul, SiLU as Sigmoid->Mul, MatMul+Add
   +activation, ...) at ORT_ENABLE_ALL (ORT's own fusions apply);
 - ``ort_aa``: a second, identical stock session (the A/A control: the noise floor of this very run);
-- ``fused``: a one-node model holding the fused op (made by ``ortfuse.rewrite.fuse(..., kernels=
+- ``fused``: a one-node model holding the fused op (made by ``ortfuse.fusion.rewrite.fuse(..., kernels=
   "native")`` from the unfused graph, or built directly for FusedGemmAct), its native kernel
   registered with ``registration.register_native``, threading as ``native.set_threading`` says.
 
@@ -363,7 +363,7 @@ def unfused_eltwise(case: str, n: int):
 
 def fused_by_rewrite(model, pattern: str, op_prefix: str):
     """(fused model, op type) from ortfuse's rewriter with native kernels, or (None, why not)."""
-    from ortfuse.rewrite import fuse
+    from ortfuse.fusion.rewrite import fuse
 
     fused, report = fuse(model, [pattern], kernels="native")
     nodes = list(fused.graph.node)

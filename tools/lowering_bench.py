@@ -49,10 +49,11 @@ import onnx
 import onnxruntime as ort
 
 import ortfuse
-from ortfuse import models, registry
+from ortfuse import models
+from ortfuse.kernels import registry
 from ortfuse.bench_measure import measure, ratio
 from ortfuse.custom_ops.specs import DOMAIN, spec_for_op_type
-from ortfuse.rewrite import fuse
+from ortfuse.fusion.rewrite import fuse
 
 PATTERNS = ("conv_add_relu", "conv_bn_relu", "gemm_relu_gelu")
 DEFAULT_CASES = ("resnet50:1", "mobilenetv3_block:1", "mlp_gemm_relu_gelu:1", "mlp_gemm_relu_gelu:64", "bert_encoder:1")

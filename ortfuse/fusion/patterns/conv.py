@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortfuse.graph import GraphIndex
-from ortfuse.patterns.activations import match_conv_activation
-from ortfuse.patterns.base import Match, Reject, attr, float32_problem, intermediate_problem
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.fusion.patterns.activations import match_conv_activation
+from ortfuse.fusion.patterns.base import Match, Reject, attr, float32_problem, intermediate_problem
 
 
 @dataclass

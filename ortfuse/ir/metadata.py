@@ -28,7 +28,7 @@ FUSION_ENABLED = "fusion_enabled"
 FUSION_PATTERN_ID = "fusion_pattern_id"
 ORTFUSE_VERSION = "ortfuse_version"
 GRAPH_DIGEST = "ortfuse_graph_digest"
-AUTO_DECISIONS = "ortfuse_auto_decisions"  # JSON written by ``ortfuse-annotate --tune`` (ortfuse.tune)
+AUTO_DECISIONS = "ortfuse_auto_decisions"  # JSON written by ``ortfuse-annotate --tune`` (ortfuse.tune.tuner)
 REWRITTEN = "ortfuse_rewritten"
 AUTO = "auto"
 

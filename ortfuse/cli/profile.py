@@ -129,7 +129,7 @@ class NameMap:
     _TOKEN = re.compile(r"_token_\d+$")
 
     def __init__(self, model, optimized=None) -> None:
-        from ortfuse.graph import GraphIndex
+        from ortfuse.ir.graph import GraphIndex
 
         ix = GraphIndex(model, infer_shapes=False)
         self.names = {ix.name_of(n) for n in model.graph.node}
@@ -507,10 +507,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ortfuse import feeds as _feeds
-    from ortfuse import model_args
-    from ortfuse.catalogue import UnknownPatternError
-    from ortfuse.verify import default_patterns
+    from ortfuse.ir import feeds as _feeds
+    from ortfuse.ir import model_args
+    from ortfuse.fusion.catalogue import UnknownPatternError
+    from ortfuse.cli.verify import default_patterns
 
     try:
         if args.top < 1:

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import onnx
 
-from ortfuse.graph import GraphIndex
-from ortfuse.patterns.activations import (
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.fusion.patterns.activations import (
     _clip_bounds,
     hardsigmoid_as_hardswish,
     match_hardswish_decomposed,
     match_silu,
 )
-from ortfuse.patterns.base import Match, Reject, attr, elementwise_dtype, float32_problem, intermediate_problem
+from ortfuse.fusion.patterns.base import Match, Reject, attr, elementwise_dtype, float32_problem, intermediate_problem
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil",
          "Softplus", "LeakyRelu", "Clip", "HardSigmoid"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import onnx
 
-from ortfuse.graph import GraphIndex
+from ortfuse.ir.graph import GraphIndex
 
 _LAYERNORM_OPS = {"ReduceMean", "Sub", "Pow", "Mul", "Add", "Sqrt", "Div"}
 _MAX_DEPTH = 7

@@ -13,11 +13,11 @@ import sys
 # name -> (module, one-line help)
 COMMANDS = {
     "bench": ("ortfuse.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
-    "report": ("ortfuse.report_cli", "show what the rewriter would fuse in a model, and why not"),
+    "report": ("ortfuse.cli.report", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
-    "tune": ("ortfuse.tune_cli", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
-    "verify": ("ortfuse.verify", "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
-    "profile": ("ortfuse.profiling", "ORT's profiler on the fused and the unfused model: where the time goes"),
+    "tune": ("ortfuse.cli.tune", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
+    "verify": ("ortfuse.cli.verify", "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
+    "profile": ("ortfuse.cli.profile", "ORT's profiler on the fused and the unfused model: where the time goes"),
 }
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def annotate_main(argv: list[str] | None = None) -> int:
-    from ortfuse import annotate
+    from ortfuse.cli import annotate
 
     return int(annotate.main(argv) or 0)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ortfuse.graph import GraphIndex
-from ortfuse.patterns.base import attr
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.fusion.patterns.base import attr
 
 SQRT2 = float(np.sqrt(2.0))
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))

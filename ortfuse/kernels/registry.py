@@ -5,7 +5,7 @@ A kernel is (op, path, ISAs, dtypes, priority[, form, variants]). Paths:
   numba compiles them for one ISA per process (DESIGN.md §4b): the level whose ``isa.numba_env``
   this process was started with, else the host's best level (numba's default target is the host).
 - ``lowered``: the match rewritten into operators ORT already has (``com.microsoft:FusedConv``,
-  MatMul + ``BiasGelu``, ...; ``ortfuse.lowering``, rule ``form``), for the epilogues in
+  MatMul + ``BiasGelu``, ...; ``ortfuse.kernels.lowering``, rule ``form``), for the epilogues in
   ``variants``; a rule that ends in a native op (Conv + FusedHardSwish) is offered only where that
   native op is. Which path wins is measured (``LOWERED_PRIORITY``), not guessed.
 - ``reference``: the numpy reference through onnxruntime-extensions' Python-op path; op type
@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ortfuse import isa as _isa
+from ortfuse.kernels import isa as _isa
 from ortfuse.custom_ops.specs import FLOAT16_NATIVE, SPECS
 
 NATIVE, REFERENCE, LOWERED = "native", "reference", "lowered"
@@ -89,7 +89,7 @@ class Selection:
         if self.kernel.path == REFERENCE:
             return REFERENCE_LABEL
         if self.kernel.path == LOWERED:
-            from ortfuse.lowering import LABEL_PREFIX, RULES
+            from ortfuse.kernels.lowering import LABEL_PREFIX, RULES
 
             return LABEL_PREFIX + RULES[self.kernel.form].summary
         extra = f" ({self.kernel.precision} products)" if self.kernel.precision != FP32 else ""
@@ -183,7 +183,7 @@ def lowered_kernels(native: frozenset[str] | None = None) -> list[Kernel]:
     """The lowered kernels this process can run, one per (rule, epilogue), each with its measured
     priority; an epilogue whose rule ends in a native op not available here is left out
     (``native``: the native op types; default ``_native_ops()``)."""
-    from ortfuse.lowering import RULES
+    from ortfuse.kernels.lowering import RULES
 
     native = _native_ops() if native is None else native
     found = []

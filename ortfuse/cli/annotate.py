@@ -13,9 +13,10 @@ import sys
 
 import onnx
 
-from ortfuse import metadata, model_args
-from ortfuse.catalogue import PATTERN_IDS, UnknownPatternError, validate_patterns
-from ortfuse.rewrite import fuse
+from ortfuse.ir import metadata
+from ortfuse.ir import model_args
+from ortfuse.fusion.catalogue import PATTERN_IDS, UnknownPatternError, validate_patterns
+from ortfuse.fusion.rewrite import fuse
 
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _tuned(model: onnx.ModelProto, batch: int, dims: dict[str, int]) -> onnx.ModelProto:
     """``model`` annotated for auto, with the decisions measured now written into its metadata."""
-    from ortfuse import tune
+    from ortfuse.tune import tuner as tune
 
     tuning = tune.tune(model, None, batch=batch, dims=dims, force=True, measure=True, progress=True)
     print(tune.table(tuning))

@@ -29,8 +29,8 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.reference import ints
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.patterns.activations import hardsigmoid_as_hardswish
-from ortfuse.patterns.base import Match
+from ortfuse.fusion.patterns.activations import hardsigmoid_as_hardswish
+from ortfuse.fusion.patterns.base import Match
 
 MS_DOMAIN = "com.microsoft"
 LABEL_PREFIX = "lowered to ORT: "

@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from ortfuse.session_options import config_entry
+from ortfuse.runtime.session_options import config_entry
 
 FORMAT = 1
 MAX_BYTES = 2 * 2**30
@@ -31,7 +31,7 @@ _OPTION_ENTRIES = ("ortfuse.tune_dims", "ortfuse.precision")
 
 
 def root() -> Path:
-    from ortfuse.cache_root import cache_dir
+    from ortfuse.runtime.cache_paths import cache_dir
 
     return cache_dir() / "plans"
 
@@ -76,7 +76,7 @@ def _option_values(sess_options) -> list:
 
 def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> str | None:
     """The cache key of this request, or None when the source cannot be identified cheaply."""
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     identity = _source_identity(source)
     if identity is None:

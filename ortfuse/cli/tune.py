@@ -30,8 +30,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import onnxruntime as ort
 
-    from ortfuse import model_args, tune
-    from ortfuse.catalogue import UnknownPatternError
+    from ortfuse.ir import model_args
+    from ortfuse.tune import tuner as tune
+    from ortfuse.fusion.catalogue import UnknownPatternError
 
     try:
         dims = model_args.parse_dims(args.dim)

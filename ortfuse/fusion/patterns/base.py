@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ortfuse.graph import GraphIndex
+from ortfuse.ir.graph import GraphIndex
 
 
 @dataclass

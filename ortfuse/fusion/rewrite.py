@@ -24,15 +24,17 @@ import re
 
 import onnx
 
-from ortfuse import lowering, metadata, registry
-from ortfuse.catalogue import validate_patterns
+from ortfuse.kernels import lowering
+from ortfuse.ir import metadata
+from ortfuse.kernels import registry
+from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.custom_ops.registration import native_node_attrs
 from ortfuse.custom_ops.specs import DOMAIN, SPECS, spec_for_op_type
-from ortfuse.graph import GraphIndex, node_inputs_with_subgraphs
-from ortfuse.ort_territory import reserved_for_ort
-from ortfuse.patterns import MATCHERS
-from ortfuse.patterns.base import Match, Reject, intermediate_problem
-from ortfuse.report import DISABLED, FUSED, REJECTED, FusionReport, MatchRecord
+from ortfuse.ir.graph import GraphIndex, node_inputs_with_subgraphs
+from ortfuse.fusion.ort_territory import reserved_for_ort
+from ortfuse.fusion.patterns import MATCHERS
+from ortfuse.fusion.patterns.base import Match, Reject, intermediate_problem
+from ortfuse.fusion.report import DISABLED, FUSED, REJECTED, FusionReport, MatchRecord
 
 MIN_OPSET = 7
 UNEXPLAINED_PATTERNS = {"eltwise_chain"}  # chains simply end at a shared tensor: not a rejection

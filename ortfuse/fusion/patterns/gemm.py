@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortfuse.graph import GraphIndex
-from ortfuse.patterns.activations import Epilogue, match_gelu
-from ortfuse.patterns.base import Match, Reject, attr, float32_problem, intermediate_problem
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.fusion.patterns.activations import Epilogue, match_gelu
+from ortfuse.fusion.patterns.base import Match, Reject, attr, float32_problem, intermediate_problem
 
 PATTERN = "gemm_relu_gelu"
 

@@ -162,7 +162,7 @@ class Runner:
 
     def fuse(self, subset: set | None):
         """The model fused with every legal match (``subset=None``) or only the matches in ``subset``."""
-        from ortfuse.rewrite import fuse
+        from ortfuse.fusion.rewrite import fuse
 
         keep = None if subset is None else (lambda rec: "" if (rec.pattern_id, tuple(rec.nodes)) in subset
                                             else LEFT_OUT)
@@ -173,7 +173,7 @@ class Runner:
         import onnxruntime as ort
 
         import ortfuse
-        from ortfuse.rewrite import is_rewritten
+        from ortfuse.fusion.rewrite import is_rewritten
 
         fused, report = self.fuse(subset)
         if self.transform is not None:
@@ -314,8 +314,8 @@ def verify(model, feeds: Mapping[str, np.ndarray], patterns=None, atol: float = 
 
     ``patterns``: ids to fuse (None: all). Raises ``VerifyError`` for a model saved already fused
     (stock ORT cannot run it as the reference) and ``UnknownPatternError`` for unknown ids."""
-    from ortfuse.catalogue import validate_patterns
-    from ortfuse.rewrite import is_rewritten
+    from ortfuse.fusion.catalogue import validate_patterns
+    from ortfuse.fusion.rewrite import is_rewritten
 
     ids = list(validate_patterns(patterns))
     if is_rewritten(model):
@@ -459,7 +459,7 @@ def format_text(r: VerifyResult) -> str:
 
 def make_feeds(model, npz: str | None, dims: dict[str, int], seed: int = DEFAULT_SEED) -> tuple[dict, str, list[str]]:
     """(feeds, description of their source, notes): arrays from ``npz`` or seeded random ones."""
-    from ortfuse import feeds as _feeds
+    from ortfuse.ir import feeds as _feeds
 
     try:
         declared = _feeds.declared_inputs(model)
@@ -508,7 +508,7 @@ def add_arguments(p) -> None:
 
 def default_patterns(model, patterns: list[str] | None):
     """``--patterns`` split on commas; else the model's annotated ids (as ``fusion=True`` uses them)."""
-    from ortfuse import metadata
+    from ortfuse.ir import metadata
 
     if patterns:
         return [p.strip() for item in patterns for p in item.split(",") if p.strip()]
@@ -519,8 +519,8 @@ def default_patterns(model, patterns: list[str] | None):
 
 
 def run(args) -> int:
-    from ortfuse import model_args
-    from ortfuse.catalogue import UnknownPatternError
+    from ortfuse.ir import model_args
+    from ortfuse.fusion.catalogue import UnknownPatternError
 
     try:
         if args.atol < 0 or args.rtol < 0:

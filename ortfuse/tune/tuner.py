@@ -37,10 +37,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ortfuse import bench_measure, feeds, metadata, registry
-from ortfuse.graph import GraphIndex
-from ortfuse.report import FusionReport, MatchRecord
-from ortfuse.session_options import config_entry
+from ortfuse import bench_measure
+from ortfuse.ir import feeds
+from ortfuse.ir import metadata
+from ortfuse.kernels import registry
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.fusion.report import FusionReport, MatchRecord
+from ortfuse.runtime.session_options import config_entry
 
 MARGIN = 0.05  # a fusion must be at least 5% faster than ORT on its subgraph
 MODEL_LIMIT = 0.98  # the whole auto model must win by 2% (median) and in every repeat, else nothing is kept
@@ -146,7 +149,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
 
     ``measure=False`` (default: ``tuning_enabled()``) never measures: without a cached entry the
     result holds no decision, so ``auto`` keeps nothing. ``force`` measures even when cached."""
-    from ortfuse.catalogue import validate_patterns
+    from ortfuse.fusion.catalogue import validate_patterns
 
     ids = validate_patterns(patterns)
     level, threads = _level_and_threads(sess_options)
@@ -200,7 +203,7 @@ def _from_metadata(model: onnx.ModelProto, key: dict) -> Tuning | None:
 def dims_from_options(sess_options) -> dict[str, int]:
     """The ``ortfuse.tune_dims`` config entry of ``sess_options`` ("name=value,..."; ``batch`` is the
     first dim of every input unless an input names a dim "batch")."""
-    from ortfuse.model_args import parse_dims
+    from ortfuse.ir.model_args import parse_dims
 
     return parse_dims(config_entry(sess_options, DIMS_KEY))
 
@@ -226,7 +229,7 @@ def table(tuning: Tuning) -> str:
 
 
 def _measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32) -> Tuning:
-    from ortfuse.rewrite import fuse
+    from ortfuse.fusion.rewrite import fuse
 
     _, report = fuse(model, ids, precision=precision)
     candidates = report.fused
@@ -398,7 +401,7 @@ def _check_model(model, ids, tuning: Tuning, level, threads, sample, precision: 
     import onnxruntime as ort
 
     import ortfuse
-    from ortfuse.rewrite import fuse
+    from ortfuse.fusion.rewrite import fuse
 
     fused_model, report = fuse(model, ids, keep=tuning.keep_rule(), precision=precision)
     stock = ort.InferenceSession(model.SerializeToString(), _options(level, threads), providers=["CPUExecutionProvider"])
@@ -435,7 +438,7 @@ def _versions() -> dict:
 
 
 def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precision: str = registry.FP32) -> dict:
-    from ortfuse import isa
+    from ortfuse.kernels import isa
 
     return {
         "graph_digest": metadata.graph_digest(model),
@@ -453,7 +456,7 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
 
 
 def cache_root() -> Path:
-    from ortfuse.cache_root import cache_dir
+    from ortfuse.runtime.cache_paths import cache_dir
 
     return cache_dir() / "tuning"
 

@@ -1,0 +1,1 @@
+"""The model as ortfuse reads it: graph index, metadata contract, model arguments, sample feeds."""

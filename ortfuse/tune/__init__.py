@@ -1,0 +1,1 @@
+"""``fusion="auto"``: measure each fusion against ORT on this machine and keep the winners."""
