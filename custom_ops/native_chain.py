@@ -92,6 +92,7 @@ from ortfuse.custom_ops.native import (
     slot_i64,
 )
 from ortfuse.custom_ops.native_ops import HINT_MIN, NATIVE_OPS, broadcast_dims, broadcast_error
+from ortfuse.custom_ops.reference import ELTWISE_OPS
 from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
 from ortfuse.custom_ops.vecmath import (
     always_inline,
@@ -102,9 +103,7 @@ from ortfuse.custom_ops.vecmath import (
     tanh_f32,
 )
 
-CHAIN_OPS = ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Floor",
-             "Ceil", "Softplus", "LeakyRelu", "Clip", "HardSigmoid",                    # unary: codes < N_UNARY
-             "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
+CHAIN_OPS = ELTWISE_OPS  # unary first (codes < N_UNARY), then binary
 (OP_RELU, OP_SIGMOID, OP_TANH, OP_EXP, OP_LOG, OP_ABS, OP_NEG, OP_SQRT, OP_RECIPROCAL, OP_ERF, OP_FLOOR,
  OP_CEIL, OP_SOFTPLUS, OP_LEAKYRELU, OP_CLIP, OP_HARDSIGMOID,
  OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN) = range(len(CHAIN_OPS))

@@ -160,6 +160,9 @@ def c_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": c_pow,
           "Max": np.maximum, "Min": np.minimum}
+PARAM_UNARY = ("LeakyRelu", "Clip", "HardSigmoid")  # unary ops with float parameters (eltwise_chain steps)
+# The one table of elementwise ops an eltwise_chain may hold; its order is the native chain's op codes.
+ELTWISE_OPS: tuple[str, ...] = (*UNARY, *PARAM_UNARY, *BINARY)
 
 
 def eltwise_chain(x, *operands, program: str) -> np.ndarray:

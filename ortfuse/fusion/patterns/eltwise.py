@@ -14,12 +14,13 @@ from ortfuse.fusion.patterns.activations import (
     match_hardswish_decomposed,
     match_silu,
 )
+from ortfuse.custom_ops import reference
+from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
 from ortfuse.fusion.patterns.base import Match, Reject, attr, elementwise_dtype, float32_problem, intermediate_problem
 
-UNARY = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil",
-         "Softplus", "LeakyRelu", "Clip", "HardSigmoid"}
-BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
-MAX_OPERANDS = 4
+UNARY = frozenset(reference.UNARY) | frozenset(reference.PARAM_UNARY)
+BINARY = frozenset(reference.BINARY)
+MAX_OPERANDS = MAX_CHAIN_OPERANDS
 
 
 def _checked(ix: GraphIndex, match: Match, *tensors: str) -> Match | Reject:
