@@ -1,9 +1,10 @@
-"""The reference execution path: every fused op's numpy reference registered as an
+"""The reference execution path: each fused op's numpy reference registered as an
 onnxruntime-extensions Python op (``<Name>Ref`` in ``ai.onnx.contrib``).
 
 onnxruntime-extensions' default invocation hook converts every output to a Python list
-(``tolist()``); ours returns contiguous numpy arrays, 30-55x faster (DESIGN.md §4). It keeps the
-stock behaviour for Python ops that are not ours.
+(``tolist()``); ours returns contiguous numpy arrays (the faster path, docs/ARCHITECTURE.md §6). It
+keeps the stock behaviour for Python ops that are not ours. The specs to register come from the
+caller (``ortfuse.fusion.catalogue.SPECS``): this package does not know the fusion rules.
 
 An exception that escapes the hook kills the process: onnxruntime-extensions' Python-op kernel lets
 the C++ exception leave ``Compute`` (``terminate called after throwing pybind11::error_already_set``).
@@ -20,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterable
 
 import numpy as np
 
-from ortfuse.custom_ops.specs import SPECS
+from ortfuse.custom_ops.specs import OpSpec
 
 _lock = threading.Lock()
-_registered = False
+_hook_installed = False
+_OUR_OPS: set[str] = set()  # the ``<Name>Ref`` op types defined by ``register_python_ops``
 
 
 def _array_hook(k_id, feed, attributes):
@@ -52,7 +55,6 @@ def _array_hook(k_id, feed, attributes):
     return (k_id, *flat)
 
 
-_OUR_OPS = frozenset(spec.ref_op_type for spec in SPECS.values())
 _local = threading.local()
 _shared_run: list = [None]  # the run of a parallel-executor session, see reference_run(shared=True)
 _shared_lock = threading.Lock()
@@ -123,22 +125,26 @@ def reference_run(options, shared: bool = False):
         end_run(run)
 
 
-def register_python_ops() -> None:
-    """Define every fused op's reference as a Python op, once per process (before any session)."""
-    global _registered
+def register_python_ops(specs: Iterable[OpSpec]) -> None:
+    """Define each spec's reference as the Python op ``<Name>Ref`` (once per op type and process,
+    before any session that uses it), and install the array-returning hook once."""
+    global _hook_installed
     with _lock:
-        if _registered:
+        todo = [spec for spec in specs if spec.ref_op_type not in _OUR_OPS]
+        if not todo and _hook_installed:
             return
         from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
         kinds = {int: PyCustomOpDef.dt_int64, float: PyCustomOpDef.dt_float, str: PyCustomOpDef.dt_string}
-        for spec in SPECS.values():
+        for spec in todo:
             attrs = {name: kinds[t] for name, t in spec.all_attrs().items()}
             body = _without_provenance(spec.reference)
             onnx_op(op_type=spec.ref_op_type, inputs=[PyCustomOpDef.dt_float] * len(spec.inputs),
                     outputs=[PyCustomOpDef.dt_float], attrs=attrs)(body)
-        PyCustomOpDef.install_hooker(_array_hook)
-        _registered = True
+            _OUR_OPS.add(spec.ref_op_type)
+        if not _hook_installed:
+            PyCustomOpDef.install_hooker(_array_hook)
+            _hook_installed = True
 
 
 def _without_provenance(fn):

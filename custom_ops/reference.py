@@ -90,7 +90,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, strides, pads, dilations
         cols = np.empty((n, cg, kh, kw, oh, ow), dtype=np.float32)
         for i in range(kh):
             for j in range(kw):
-                cols[:, :, i, j] = xg[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+                rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
+                cols[:, :, i, j] = xg[:, :, rows, j * dw: j * dw + sw * (ow - 1) + 1: sw]
         wg = w[g * mg:(g + 1) * mg].reshape(mg, -1)
         out[:, g * mg:(g + 1) * mg] = np.einsum("mk,nkp->nmp", wg, cols.reshape(n, cg * kh * kw, oh * ow),
                                                 optimize=True).reshape(n, mg, oh, ow)

@@ -1,9 +1,14 @@
-"""Fused op specifications: name, inputs, attributes and numpy reference of each fused op.
+"""What a fused op is, as ORT sees it: ``OpSpec`` (name, inputs, attributes, numpy reference), the
+custom-op domain, and the provenance attributes every fused node carries.
 
-One op type per pattern. Every fused node also carries two provenance attributes,
-``pattern_id`` and ``replaced_nodes`` (comma-separated names of the nodes it replaced).
-Op types served by the reference (Python-op) path end in ``Ref``; native kernels use other names,
-because an op name registered on both paths hangs onnxruntime-extensions (DESIGN.md §4).
+The specs themselves are declared by the fusion rules (``ortfuse.fusion.rules``, one module per
+pattern) and collected by ``ortfuse.fusion.catalogue.SPECS``; code of this package that needs them
+(the reference Python ops) receives them from its caller.
+
+Every fused node carries two provenance attributes, ``pattern_id`` and ``replaced_nodes``
+(comma-separated names of the nodes it replaced). Op types served by the reference (Python-op) path
+end in ``Ref``; native kernels use other names, because an op name registered on both paths hangs
+onnxruntime-extensions (docs/ARCHITECTURE.md §6).
 """
 
 from __future__ import annotations
@@ -11,16 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ortfuse.custom_ops import reference
-
 DOMAIN = "ai.onnx.contrib"
 PROVENANCE_ATTRS = {"pattern_id": str, "replaced_nodes": str}
-MAX_CHAIN_OPERANDS = 4
+MAX_CHAIN_OPERANDS = 4  # operands of one FusedEltwiseChain<k> (k = 0..4): one op type per count
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """A fused op: ``inputs`` are float32 tensors; ``attrs`` maps attribute name to int/float/str."""
+    """A fused op: ``inputs`` are float32 tensors; ``attrs`` maps attribute name to int/float/str;
+    ``reference(*inputs, **attrs)`` is its numpy definition, which every kernel is checked against."""
 
     name: str
     pattern_id: str
@@ -34,49 +38,3 @@ class OpSpec:
 
     def all_attrs(self) -> dict[str, type]:
         return {**self.attrs, **PROVENANCE_ATTRS}
-
-
-def _conv_ref(x, w, b, **a):
-    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
-                              group=a["group"], activation_kind=a["activation"], alpha=a["alpha"], beta=a["beta"])
-
-
-def _conv_add_ref(x, w, b, r, **a):
-    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
-                              group=a["group"], activation_kind=a["activation"], alpha=0.0, beta=0.0, residual=r)
-
-
-_CONV_ATTRS = {"strides": str, "pads": str, "dilations": str, "group": int, "activation": str}
-
-SPECS: dict[str, OpSpec] = {}
-
-
-def _add(spec: OpSpec) -> None:
-    SPECS[spec.name] = spec
-
-
-_add(OpSpec("FusedConvAct", "conv_bn_relu", ("X", "W", "B"), {**_CONV_ATTRS, "alpha": float, "beta": float}, _conv_ref))
-_add(OpSpec("FusedConvAddAct", "conv_add_relu", ("X", "W", "B", "R"), _CONV_ATTRS, _conv_add_ref))
-_add(OpSpec("FusedGemmAct", "gemm_relu_gelu", ("X", "W", "B"), {"activation": str},
-            lambda x, w, b, **a: reference.gemm_act(x, w, b, activation_kind=a["activation"])))
-_add(OpSpec("FusedAddRelu", "add_relu", ("A", "B"), {}, lambda a, b, **_: reference.add_relu(a, b)))
-_add(OpSpec("FusedHardSwish", "hardswish", ("X",), {"add": float, "lo": float, "hi": float, "div": float},
-            lambda x, **a: reference.hardswish(x, add=a["add"], lo=a["lo"], hi=a["hi"], div=a["div"])))
-_add(OpSpec("FusedSiLU", "silu", ("X",), {}, lambda x, **_: reference.silu(x)))
-for _k in range(MAX_CHAIN_OPERANDS + 1):
-    _add(OpSpec(f"FusedEltwiseChain{_k}", "eltwise_chain", ("X",) + tuple(f"C{i}" for i in range(_k)),
-                {"program": str}, lambda x, *ops, **a: reference.eltwise_chain(x, *ops, program=a["program"])))
-
-
-# float16 native op types (custom_ops/native_f16.py): the spec's math on float16 tensors, computed in
-# float32 and rounded once (round to nearest even) per output element
-FLOAT16_NATIVE = {"FusedAddRelu": "FusedAddReluF16", "FusedHardSwish": "FusedHardSwishF16",
-                  "FusedSiLU": "FusedSiLUF16"}
-# native op types that serve a spec under another numeric contract (custom_ops/native_amx.py) or dtype
-NATIVE_VARIANTS = {"FusedGemmActBf16": "FusedGemmAct", **{v: k for k, v in FLOAT16_NATIVE.items()}}
-
-
-def spec_for_op_type(op_type: str) -> OpSpec | None:
-    """The spec of a fused node's op type (reference, native or native-variant name), or None if not ours."""
-    base = op_type[:-3] if op_type.endswith("Ref") else NATIVE_VARIANTS.get(op_type, op_type)
-    return SPECS.get(base)

@@ -1,7 +1,7 @@
 """Vectorisable float32 math for numba kernels: exp, tanh, erf, sigmoid, silu.
 
 numba has no SVML on this machine, so ``np.exp`` / ``np.tanh`` / ``math.erf`` inside a loop stay
-scalar libm calls (DESIGN.md §4). The functions here are plain ``@numba.njit`` scalar functions over
+scalar libm calls (docs/ARCHITECTURE.md §10). The functions here are plain ``@numba.njit`` scalar functions over
 float32 that inline into the caller's loop and vectorise there: polynomial / rational approximations,
 Cody-Waite range reduction, and bit manipulation through LLVM intrinsics (``bitcast``, integer shift,
 ``llvm.fmuladd``, ``llvm.copysign``), never through ``np.view`` on temporary arrays. Per element there

@@ -2,7 +2,7 @@
 
 Every model is opset 17, IR version 8, float32, with a dynamic ``batch`` dimension and seeded
 weights, so a build gives the same bytes every time. Nothing is committed to git: ``build``
-writes into ``cache_dir()/models``.
+writes into the ``models`` folder of ortfuse's cache (``ortfuse.runtime.cache_paths``).
 
     from ortfuse import models
     path = models.build("mlp_gemm_relu_gelu")        # <cache>/models/mlp_gemm_relu_gelu.onnx
@@ -11,15 +11,17 @@ writes into ``cache_dir()/models``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from . import cache, registry
-from .cache import cache_dir
+from ortfuse.ir.model_args import ModelArgError
 
-__all__ = ["DEFAULT", "NAMES", "build", "cache_dir", "describe", "make", "sample_inputs"]
+from . import cache, registry
+
+__all__ = ["DEFAULT", "NAMES", "build", "describe", "make", "resolve", "sample_inputs"]
 
 NAMES: tuple[str, ...] = tuple(registry.SPECS)
 DEFAULT = "resnet50"
@@ -44,6 +46,16 @@ def build(name: str, force: bool = False) -> Path:
         if not force and cache.is_cached(name, recipe):  # another process built it meanwhile
             return cache.model_path(name)
         return cache.store(name, registry.make(name).SerializeToString(), recipe)
+
+
+def resolve(arg: str) -> str:
+    """The path of a command line's MODEL argument: an existing file (or any ``.onnx`` name) as given,
+    else the built file of a zoo model name; ``ModelArgError`` otherwise."""
+    if os.path.exists(arg) or arg.lower().endswith(".onnx"):
+        return arg
+    if arg in NAMES:
+        return str(build(arg))
+    raise ModelArgError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {', '.join(NAMES)}")
 
 
 def sample_inputs(name: str, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +19,12 @@ try:
 except ImportError:  # pragma: no cover - Windows: atomic replace still holds, builds may repeat
     fcntl = None
 
-from ortfuse.runtime.cache_paths import ENV, cache_dir  # noqa: F401 - re-exported: models.cache_dir
+from ortfuse.runtime.cache_paths import MODELS, cache_dir
+from ortfuse.runtime.files import write_atomic
 
 
 def model_path(name: str) -> Path:
-    return cache_dir() / "models" / f"{name}.onnx"
+    return cache_dir(MODELS) / f"{name}.onnx"
 
 
 def _record_path(path: Path) -> Path:
@@ -54,25 +53,13 @@ def is_cached(name: str, recipe: str) -> bool:
         return False
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as f:  # unlike mkstemp, honours the umask
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def store(name: str, data: bytes, recipe: str) -> Path:
     """Write the model bytes, then their record; returns the model path."""
     path = model_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "recipe": recipe}
-    _write_atomic(path, data)
-    _write_atomic(_record_path(path), (json.dumps(record, indent=1) + "\n").encode())
+    write_atomic(path, data)
+    write_atomic(_record_path(path), json.dumps(record, indent=1) + "\n")
     return path
 
 

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _list() -> int:
     width = max(map(len, NAMES))
-    print(f"cache: {cache.cache_dir() / 'models'}")
+    print(f"cache: {cache.model_path('x').parent}")
     for name in NAMES:
         state = "cached" if cache.is_cached(name, registry.recipe(name)) else "-"
         print(f"{name:<{width}}  {state:<6}  {registry.get(name).description}")

@@ -79,7 +79,8 @@ def conv_bn(
         bias = uniform(g.bias_rng, -0.2, 0.2, cout)
         y = bias_add(g, y, bias)
         mean = mean + bias
-    params = [g.weight(n, v) for n, v in (("bn.weight", scale), ("bn.bias", beta), ("bn.running_mean", mean), ("bn.running_var", var))]
+    named = (("bn.weight", scale), ("bn.bias", beta), ("bn.running_mean", mean), ("bn.running_var", var))
+    params = [g.weight(n, v) for n, v in named]
     return g.op("BatchNormalization", [y, *params], epsilon=1e-5)
 
 

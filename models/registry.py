@@ -36,7 +36,8 @@ _TOKENS = {"hidden_states": ("batch", "seq", 768)}
 SPECS: dict[str, Spec] = {
     s.name: s
     for s in (
-        Spec("resnet50", "ResNet-50 v1.5, Conv+BN unfolded, initializer weights", "resnet", resnet.make, _IMAGE, _LOGITS),
+        Spec("resnet50", "ResNet-50 v1.5, Conv+BN unfolded, initializer weights", "resnet", resnet.make,
+             _IMAGE, _LOGITS),
         Spec(
             "resnet50_const",
             "ResNet-50 v1.5 with Constant-node weights and Constant->Reshape->Add conv biases",

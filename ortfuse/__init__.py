@@ -15,14 +15,14 @@ for _name in dir(_ort):
         globals()[_name] = getattr(_ort, _name)
 del _name
 
-__version__ = "0.1.0"
-
-from ortfuse.fusion.report import FusionReport  # noqa: E402
-from ortfuse.session import InferenceSession  # noqa: E402
+from ortfuse._version import __version__ as __version__  # noqa: E402
+from ortfuse.fusion.report import FusionReport as FusionReport  # noqa: E402 - after the namespace copy
+from ortfuse.session import InferenceSession as InferenceSession  # noqa: E402
 
 
 def __getattr__(name: str):
-    """``fuse`` and ``backend`` load onnx (~0.6 s), so they are imported on first use."""
+    """``fuse`` and ``backend`` load onnx, slow to import (``python -X importtime -c "import onnx"``),
+    so they are imported on first use."""
     if name == "fuse":
         from ortfuse.fusion.rewrite import fuse
 

@@ -11,11 +11,11 @@ import os
 
 import numpy as np
 import onnx
+import onnxruntime as _ort
 from onnx import helper
 from onnxruntime.backend.backend import _ALLOWED_SESSION_OPTIONS, OnnxRuntimeBackend
 from onnxruntime.backend.backend_rep import OnnxRuntimeBackendRep
 
-import onnxruntime as _ort
 from ortfuse.session import InferenceSession
 
 

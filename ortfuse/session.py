@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import sys
-import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import onnxruntime as _ort
 
-from ortfuse.ir import metadata
-from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.fusion.report import FusionReport
-from ortfuse.runtime.session_options import config_entry
+from ortfuse.ir import metadata
+from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
+from ortfuse.runtime.reference_runs import refuse_missing_inputs, run_guarded, status_message
+from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry
 
 if TYPE_CHECKING:
     import onnx
@@ -171,12 +171,12 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
         return _plan_from_cache(entry)
     plan, report, depends = _plan_uncached(source, sess_options, fusion, explicit, kernels)
     if depends is not None and not report.stepped_aside:
-        stored = plan_cache.store(cache_key, {"report": report.to_dict(),
-                                              "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
-                                              "needs_custom_ops": bool(plan and plan.needs_custom_ops),
-                                              "native_ops": sorted(plan.native_ops) if plan else [],
-                                              "reference_inputs": _sorted_or_none(plan.reference_inputs if plan else None)},
-                                  plan.source if plan else None, depends)
+        entry = {"report": report.to_dict(),
+                 "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
+                 "needs_custom_ops": bool(plan and plan.needs_custom_ops),
+                 "native_ops": sorted(plan.native_ops) if plan else [],
+                 "reference_inputs": _sorted_or_none(plan.reference_inputs if plan else None)}
+        stored = plan_cache.store(cache_key, entry, plan.source if plan else None, depends)
         if stored:  # ORT reads the fused model from the file: no copy of it stays in Python's memory
             plan.source = stored
     return plan, report
@@ -209,8 +209,8 @@ def _warn_stale(stacklevel: int) -> None:
 
 def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Plan | None, FusionReport, list | None]:
     """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
-    from ortfuse.kernels.registry import PRECISION_OPTION
-    from ortfuse.fusion.rewrite import fuse, is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
+    from ortfuse.fusion.provenance import is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
+    from ortfuse.fusion.rewrite import fuse
 
     model, why_not = _load_for_fusion(source, sess_options)
     if model is None:
@@ -239,7 +239,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
     if keep is not None:
         depends = [keep.tuning.path] if keep.tuning.path else ([] if keep.tuning.measured else None)
     fused, report = fuse(model, patterns, kernels, keep=keep,
-                         precision=config_entry(sess_options, PRECISION_OPTION) or None)  # opt-in: registry.py
+                         precision=config_entry(sess_options, PRECISION_OPTION) or None)  # opt-in: kernels.registry
     if keep is not None:
         keep.tuning.annotate(report)
     if stale:
@@ -313,23 +313,24 @@ class InferenceSession(_ort.InferenceSession):
             source = plan.source
             self._ortfuse_disabled_optimizers = plan.disabled_optimizers
             if plan.needs_custom_ops:
-                sess_options, why_not = _with_custom_ops(sess_options, plan.native_ops,
-                                                         python_ops=plan.reference_inputs is not None)
+                sess_options, why_not = with_custom_ops(sess_options, plan.native_ops,
+                                                        python_ops=plan.reference_inputs is not None)
                 if why_not:  # native path unavailable: the same fusions on kernels that need no native op
                     from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
 
                     # options registered before without these ops: rather than the slow reference
                     # kernels, only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
-                    reused = why_not.startswith(_REUSED_OPTIONS)
-                    _warn_native_fallback(why_not, reused)
+                    reused = why_not.startswith(REUSED_OPTIONS)
+                    warn_native_fallback(why_not, reused)
                     plan, self.fusion_report = _plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns,
                                                             kernels=LOWERED_ONLY if reused else NO_NATIVE)
                     self.fusion_report.notes.append(
                         f"native kernels unavailable ({why_not}); "
-                        + ("only fusions lowered to ORT's own ops applied" if reused else "lowered or reference kernels used"))
+                        + ("only fusions lowered to ORT's own ops applied" if reused
+                           else "lowered or reference kernels used"))
                     source = plan.source if plan is not None else path_or_bytes
                     if plan is not None and plan.needs_custom_ops:
-                        sess_options, _ = _with_custom_ops(sess_options, frozenset())
+                        sess_options, _ = with_custom_ops(sess_options, frozenset())
             if plan is not None:
                 self._ortfuse_reference_inputs = plan.reference_inputs
         try:
@@ -344,7 +345,7 @@ class InferenceSession(_ort.InferenceSession):
                 raise
             self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
             native_ops, self._ortfuse_reference_inputs = _saved_fused_ops(source, sess_options)
-            sess_options = _with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
+            sess_options = with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
             super().__init__(source, sess_options, providers, provider_options, **kwargs)
         self._ortfuse_parallel = (self._ortfuse_reference_inputs is not None and sess_options is not None
                                   and sess_options.execution_mode == _ort.ExecutionMode.ORT_PARALLEL)
@@ -357,17 +358,8 @@ class InferenceSession(_ort.InferenceSession):
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run(output_names, input_feed, run_options)
         if isinstance(input_feed, dict):
-            self._refuse_missing_reference_inputs(input_feed)
+            refuse_missing_inputs(input_feed, self._ortfuse_reference_inputs)
         return self._run_guarded(super().run, run_options, output_names, input_feed)
-
-    def _refuse_missing_reference_inputs(self, input_feed) -> None:
-        """An input fed as None makes the node reading it fail (ORT: Fail, "Missing Input"); a
-        reference kernel's Python-op wrapper would abort the process instead, so raise ORT's error."""
-        from ortfuse.custom_ops.python_ops import fail
-
-        for name, value in input_feed.items():
-            if value is None and name in self._ortfuse_reference_inputs:
-                raise fail(f"Missing Input: {name} (fed None to an ortfuse reference kernel)")
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
@@ -393,7 +385,7 @@ class InferenceSession(_ort.InferenceSession):
         def finish(outputs, data, err):
             end_run(run)
             if run.error is not None:
-                callback([], data, _status_message(run.exception()))
+                callback([], data, status_message(run.exception()))
             else:
                 callback(outputs, data, err)
 
@@ -404,32 +396,11 @@ class InferenceSession(_ort.InferenceSession):
             raise
 
     def _run_guarded(self, call, run_options, *args):
-        from ortfuse.custom_ops.python_ops import reference_run
-
-        options = run_options if run_options is not None else _ort.RunOptions()
-        with reference_run(options, shared=self._ortfuse_parallel) as run:
-            try:
-                result = call(*args, options)
-            except Exception:
-                if run.error is None:
-                    raise
-        if run.error is not None:
-            raise run.exception() from run.error[1]
-        return result
+        return run_guarded(call, run_options, self._ortfuse_parallel, *args)
 
     def _create_inference_session(self, providers, provider_options, disabled_optimizers=None):
         merged = set(disabled_optimizers or ()) | self._ortfuse_disabled_optimizers
         super()._create_inference_session(providers, provider_options, merged or disabled_optimizers)
-
-
-_REGISTERED_KEY = "ortfuse.custom_ops_registered"
-_default_options: dict[tuple, _ort.SessionOptions] = {}  # see _with_custom_ops
-_default_options_lock = threading.Lock()
-
-
-_NATIVE_KEY = "ortfuse.native_ops"
-_PYTHON_OPS_KEY = "ortfuse.python_ops"
-_warned: list[bool] = [False]
 
 
 def _saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]:
@@ -437,73 +408,9 @@ def _saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]
     library is registered) and the tensors its reference kernels read (None: it has none).
     When onnx cannot read it: no native ops, and every run guarded (which inputs reference kernels
     read is then unknown, so a None feed is left to ORT)."""
-    from ortfuse.fusion.rewrite import native_op_types, reference_op_inputs
+    from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 
     model, _ = _load_for_fusion(source, sess_options) if isinstance(source, (str, bytes)) else (None, "")
     if model is None:
         return frozenset(), frozenset()
     return frozenset(native_op_types(model)), reference_op_inputs(model)
-
-
-_ORT_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
-
-
-def _status_message(exc: Exception) -> str:
-    """The text ORT hands a ``run_async`` callback for a failed run: the status message, without
-    the ``[ONNXRuntimeError] : code : NAME :`` prefix its Python exceptions add."""
-    return _ORT_STATUS_PREFIX.sub("", str(exc))
-
-
-def _warn_native_fallback(reason: str, reused: bool = False) -> None:
-    if reused:  # a usage to fix, said every time
-        warnings.warn(f"ortfuse: {reason}; only fusions lowered to ORT's own ops are applied", stacklevel=3)
-    elif not _warned[0]:
-        _warned[0] = True
-        warnings.warn(f"ortfuse: native kernels unavailable ({reason}); using kernels that need no native op (lowered to ORT or the reference)", stacklevel=3)
-
-
-_REUSED_OPTIONS = "these SessionOptions were registered before"
-
-
-def _with_custom_ops(sess_options, native_ops: frozenset, python_ops: bool = True) -> tuple:
-    """Register our fused ops and the onnxruntime-extensions library on the options, once per options.
-
-    ``python_ops``: the model has reference (Python-op) kernels; without them onnxruntime-extensions'
-    Python package (and onnx with it) is not imported. Returns (options, "") or (options, why the
-    native ops could not be registered). The library reads
-    the op list when it is registered, so options registered before cannot take new native ops (the
-    caller then applies only lowered fusions). Registering every native op instead would compile all
-    of them on a machine's first use (38 s against 7 s for one, measured), where only the kernels a
-    model needs are compiled."""
-    from ortfuse.custom_ops import registration
-
-    if sess_options is None:
-        # Every registration of the extensions library keeps its op domains until the process exits
-        # (about 3.5 KiB per SessionOptions, measured): sessions made without options share one
-        # registered SessionOptions per native op set, so a process creating many stays flat.
-        with _default_options_lock:
-            key = (native_ops, python_ops)
-            if key not in _default_options:
-                options, why_not = _with_custom_ops(_ort.SessionOptions(), native_ops, python_ops)
-                if why_not:
-                    return options, why_not
-                _default_options[key] = options
-            return _default_options[key], ""
-    if config_entry(sess_options, _REGISTERED_KEY) == "1":
-        have = set(filter(None, config_entry(sess_options, _NATIVE_KEY).split(",")))
-        missing = sorted(set(native_ops) - have)
-        if python_ops and config_entry(sess_options, _PYTHON_OPS_KEY) == "0":
-            missing.append("the reference (Python) ops")
-        if missing:
-            return sess_options, (f"{_REUSED_OPTIONS} without {', '.join(missing)} (ops are added when "
-                                  "options are first used); use a new SessionOptions per fused session")
-        return sess_options, ""
-    if native_ops:
-        if not registration.register_native(sess_options, sorted(native_ops), python_ops):
-            return sess_options, registration.native_unavailable_reason(sorted(native_ops)) or "unknown reason"
-    else:
-        registration.register_library(sess_options, python_ops)
-    sess_options.add_session_config_entry(_REGISTERED_KEY, "1")
-    sess_options.add_session_config_entry(_NATIVE_KEY, ",".join(sorted(native_ops)))
-    sess_options.add_session_config_entry(_PYTHON_OPS_KEY, "1" if python_ops else "0")
-    return sess_options, ""

@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 import collections
+import os
+
+
+def pytest_configure(config):
+    """One compiled-kernel cache for the whole run: tests that point ``ORTFUSE_CACHE_DIR`` at a
+    temporary folder (plans, models, tuning), in this process or a child, would otherwise make numba
+    recompile every kernel there. Tests of the cache location set their own variables."""
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        from ortfuse.custom_ops.numba_setup import cache_root
+
+        os.environ["NUMBA_CACHE_DIR"] = cache_root()
+    # tests call kernels directly, as the library does after its own explicit set-up call
+    from ortfuse.custom_ops.numba_setup import configure_numba
+
+    configure_numba()
 
 
 def pytest_terminal_summary(terminalreporter):

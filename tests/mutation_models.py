@@ -13,8 +13,8 @@ duplicated tensor name or a cycle.
 at ORT_DISABLE_ALL (rtol 1e-4, atol 1e-5 x max(1, max|ref|), NaN where ORT gives NaN; when nothing
 was fused, ORT ran the very same model, and stock ORT's outputs are the reference), or raise the
 same exception class. ``compare(..., execution)`` runs both sides through ``run``, ORT's parallel
-executor or ``run_async`` (``EXECUTIONS``). Choices go through a ``Chooser`` so hypothesis (shrinking) and a plain seeded
-random generator (the campaign) drive the same code.
+executor or ``run_async`` (``EXECUTIONS``). Choices go through a ``Chooser`` so hypothesis
+(shrinking) and a plain seeded random generator (the campaign) drive the same code.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
+
 from pattern_graphs import CONV_EPILOGUES, GEMM_EPILOGUES, GraphBuilder, bn_params, tolerance
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -79,7 +80,8 @@ def _epilogue(c, table, opset):
 def base_model(c) -> tuple[onnx.ModelProto, dict[str, np.ndarray], str]:
     """(model, feeds, description) of a small valid graph where a pattern fires."""
     family = c.choice(FAMILIES)
-    opset = c.choice([7, 9, 11, 13, 14, 17, 18, 20] if family in ("conv", "add_relu", "eltwise") else [9, 11, 13, 17, 20])
+    opsets = [7, 9, 11, 13, 14, 17, 18, 20] if family in ("conv", "add_relu", "eltwise") else [9, 11, 13, 17, 20]
+    opset = c.choice(opsets)
     b = GraphBuilder(opset=opset, seed=c.integer(0, 2**16))
     as_node = opset >= 11 and c.choice([False, True])
     desc = f"{family} opset {opset}"
@@ -219,7 +221,8 @@ def mutate(c, model: onnx.ModelProto, feeds: dict, kind: str) -> tuple[onnx.Mode
         old = node.attribute[i]
         new = _wrong_type_attr(c, old)
         node.attribute[i].CopyFrom(new)
-        return m, feeds, f"attribute {old.name} of {label} retyped to {onnx.AttributeProto.AttributeType.Name(new.type)}"
+        retyped = onnx.AttributeProto.AttributeType.Name(new.type)
+        return m, feeds, f"attribute {old.name} of {label} retyped to {retyped}"
     if kind == "attr_drop":
         i = c.integer(0, len(node.attribute) - 1)
         name = node.attribute[i].name
@@ -437,7 +440,8 @@ def compare(model_bytes: bytes, feeds: dict, execution: str = "run") -> Verdict:
     stock, _ = run(lambda: ort.InferenceSession(model_bytes, _options(execution=execution),
                                                 providers=["CPUExecutionProvider"]), feeds, execution)
     ours, sess = run(lambda: ortfuse.InferenceSession(model_bytes, _options(execution=execution),
-                                                      providers=["CPUExecutionProvider"], fusion=True), feeds, execution)
+                                                      providers=["CPUExecutionProvider"], fusion=True),
+                     feeds, execution)
     fused = bool(sess is not None and sess.fusion_report.applied)
     if not stock.ok:
         if ours.ok:

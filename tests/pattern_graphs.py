@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
-from ortfuse.custom_ops.specs import DOMAIN
 
 import ortfuse
+from ortfuse.custom_ops.specs import DOMAIN
 
 SQRT2 = float(np.sqrt(2.0))
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))

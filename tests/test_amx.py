@@ -1,10 +1,13 @@
-"""The AMX bf16 GEMM (native op FusedGemmActBf16, custom_ops/native_amx.py): selected only where the
+"""The AMX bf16 GEMM (native op FusedGemmActBf16, custom_ops/native/ops/gemm_bf16.py): selected only where the
 CPU reports AMX and only under the precision opt-in; its numerics against stock ORT and against a
 float64 reference on bf16-rounded inputs.
 
 Selection tests run everywhere (the feature set comes from ``ORTFUSE_ISA``, and whether this process
-could run the kernel is simulated). Numerics tests run only where this CPU has AMX and Linux grants
-the tile-data permission; elsewhere they are skipped with the reason.
+could run the kernel is simulated). Numerics tests run on two ops: ``emulated``, the op's driver on
+the plain-numba model of the tile instructions (OrtfuseGemmActBf16Emulated, any CPU; bit for bit
+against the numpy model in tests/test_amx_emulated.py), and ``amx``, the AMX op itself, which runs
+only where this CPU has AMX and Linux grants the tile-data permission (elsewhere skipped with the
+reason).
 
 Tolerances (derived, per output element, S = sum_k |x_k w_k|, L = 1.13 the largest slope of the
 epilogues: gelu' peaks at 1.129, silu' at 1.10, relu' is 1):
@@ -24,6 +27,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+import amx_reference
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -31,11 +35,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse.kernels import isa
+from ortfuse.fusion.rules.gemm_relu_gelu import AMX_OP
+from ortfuse.kernels import isa, registry
 from ortfuse.runtime import plan_cache
-from ortfuse.kernels import registry
 
-AMX_OP = registry.AMX_OP
 AMX_FEATURES = "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2"
 AVX512_FEATURES = "avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2"
 AVX2_FEATURES = "avx2,avx,fma,sse4.2,sse2"
@@ -44,7 +47,7 @@ SLOPE = 1.13
 
 def _amx_reason() -> str | None:
     try:
-        from ortfuse.custom_ops.native_amx import unavailable_reason
+        from ortfuse.custom_ops.native.ops.gemm_bf16 import unavailable_reason
 
         return unavailable_reason()
     except Exception as exc:  # noqa: BLE001 - numba/ORT missing: the reason is the skip message
@@ -170,7 +173,7 @@ def test_rewriter_emits_the_amx_op_only_under_the_opt_in(features):
     for precision in (None, "fp32"):
         fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision=precision)
         assert AMX_OP not in {n.op_type for n in fused.graph.node}
-    from ortfuse.fusion.rewrite import is_rewritten, native_op_types
+    from ortfuse.fusion.provenance import is_rewritten, native_op_types
 
     fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
     assert native_op_types(fused) == {AMX_OP} and is_rewritten(fused)
@@ -197,28 +200,21 @@ def test_plan_cache_key_depends_on_the_opt_in():
 # --------------------------------------------------------------------------------------------------
 
 needs_amx = pytest.mark.skipif(_amx_reason() is not None, reason=f"AMX kernel cannot run here: {_amx_reason()}")
+bf16, _act64 = amx_reference.bf16, amx_reference.act64
 
 
-def bf16(a: np.ndarray) -> np.ndarray:
-    """float32 -> nearest bf16 (ties to even), as float32."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return rounded.astype(np.uint32).view(np.float32).reshape(np.shape(a))
+@pytest.fixture(params=["emulated", pytest.param("amx", marks=needs_amx)])
+def op(request):
+    """The op under test: FusedGemmActBf16 (AMX tiles), or its driver on the model of the tile
+    instructions (OrtfuseGemmActBf16Emulated, added to this process's native ops)."""
+    if request.param == "amx":
+        return AMX_OP
+    _needs_native()
+    from ortfuse.custom_ops import registration
+    from ortfuse.custom_ops.native.ops import gemm_bf16
 
-
-def _act64(y: np.ndarray, act: str) -> np.ndarray:
-    from scipy.special import erf
-
-    for step in filter(None, act.split("+")):
-        if step == "relu":
-            y = np.maximum(y, 0)
-        elif step == "gelu":
-            y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
-        elif step == "gelu_tanh":
-            y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
-        elif step == "silu":
-            y = y / (1 + np.exp(-y))
-    return y
+    registration.add_native_op(gemm_bf16.EMULATED_OP)
+    return gemm_bf16.EMULATED_OP_NAME
 
 
 def _check_against_bf16_reference(y, x, w, b, act):
@@ -235,27 +231,29 @@ def _check_against_bf16_reference(y, x, w, b, act):
 def _check_against_ort(y, y_ort, x, w, b):
     k = x.shape[-1]
     s = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    tol = SLOPE * ((2.0**-7 + 2.0**-16) * s + 2 * (k + 1) * 2.0**-24 * (s + np.abs(b))) + 2.0**-20 * np.abs(y_ort) + 1e-6
+    tol = (SLOPE * ((2.0**-7 + 2.0**-16) * s + 2 * (k + 1) * 2.0**-24 * (s + np.abs(b)))
+           + 2.0**-20 * np.abs(y_ort) + 1e-6)
     assert y.shape == y_ort.shape
     assert np.all(np.abs(y - y_ort) <= tol), float(np.max(np.abs(y - y_ort) - tol))
 
 
-def _native_session(k, n, act, threads=1, seed=0, x_rank=2):
-    """A session of one FusedGemmActBf16 node (every epilogue token, not only those patterns produce)."""
+def _native_session(op, k, n, act, threads=1, seed=0, x_rank=2):
+    """A session of one ``op`` node (every epilogue token, not only those patterns produce)."""
     from ortfuse.custom_ops import registration
 
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    node = helper.make_node(AMX_OP, ["X", "W", "B"], ["Y"], domain="ai.onnx.contrib", activation=act)
+    node = helper.make_node(op, ["X", "W", "B"], ["Y"], domain="ai.onnx.contrib", activation=act)
     dims = ["m", k] if x_rank == 2 else ["a", "m", k]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, dims)],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.contrib", 1)])
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    assert registration.register_native(so, [AMX_OP]), registration.native_unavailable_reason([AMX_OP])
+    assert registration.register_native(so, [op]), registration.native_unavailable_reason([op])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]), w, b
 
 
@@ -263,20 +261,18 @@ SHAPES = [(1, 1, 1), (15, 17, 33), (17, 33, 15), (33, 100, 17), (100, 15, 1000),
           (300, 40, 70)]  # the last: three row super-blocks of 128, the third partial
 
 
-@needs_amx
 @pytest.mark.parametrize("m, k, n", SHAPES)
 @pytest.mark.parametrize("act", ["", "relu", "gelu", "gelu_tanh", "silu", "relu+gelu"])
-def test_kernel_matches_float64_on_bf16_inputs(m, k, n, act):
-    sess, w, b = _native_session(k, n, act, threads=2)
+def test_kernel_matches_float64_on_bf16_inputs(op, m, k, n, act):
+    sess, w, b = _native_session(op, k, n, act, threads=2)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     y = sess.run(None, {"X": x})[0]
     _check_against_bf16_reference(y, x, w, b, act)
 
 
-@needs_amx
-def test_kernel_is_really_bf16():
+def test_kernel_is_really_bf16(op):
     """The products are bf16: the error against float32 inputs is far above float32 rounding."""
-    sess, w, b = _native_session(1000, 64, "")
+    sess, w, b = _native_session(op, 1000, 64, "")
     x = np.random.default_rng(2).standard_normal((32, 1000)).astype(np.float32)
     y = sess.run(None, {"X": x})[0]
     exact = x.astype(np.float64) @ w + b
@@ -284,9 +280,8 @@ def test_kernel_is_really_bf16():
     assert np.max(np.abs(y - exact) / s) > 2.0**-14
 
 
-@needs_amx
-def test_batched_x_zero_rows_nan_and_inf():
-    sess, w, b = _native_session(33, 40, "relu", x_rank=3)
+def test_batched_x_zero_rows_nan_and_inf(op):
+    sess, w, b = _native_session(op, 33, 40, "relu", x_rank=3)
     x = np.random.default_rng(3).standard_normal((3, 7, 33)).astype(np.float32)
     x[1, 2, 5] = np.nan
     x[2, 0, 0] = np.inf
@@ -301,46 +296,59 @@ def test_batched_x_zero_rows_nan_and_inf():
         assert sess.run(None, {"X": np.zeros(shape, np.float32)})[0].shape == shape[:-1] + (40,)
 
 
-def _fused_and_stock(model, threads=1):
+def _fused_and_stock(model, op, features, threads=1):
+    """A session of the model fused under the bf16 opt-in (an ortfuse session for the AMX op; for the
+    emulated one the model as the rewriter fuses it where the CPU reports AMX, its FusedGemmActBf16
+    node retyped), and a stock ORT session of the model."""
     so = ort.SessionOptions()
-    so.add_session_config_entry("ortfuse.precision", "bf16")
     so.intra_op_num_threads = threads
-    fused = ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_relu_gelu"])
-    assert [r.kernel for r in fused.fusion_report.matches] == ["native numba amx (bf16 products)"], \
-        fused.fusion_report.matches
+    if op == AMX_OP:
+        so.add_session_config_entry("ortfuse.precision", "bf16")
+        fused = ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_relu_gelu"])
+        matches = fused.fusion_report.matches
+    else:
+        from ortfuse.custom_ops import registration
+
+        features(AMX_FEATURES)
+        fused_model, report = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+        matches = report.matches
+        for node in fused_model.graph.node:
+            if node.op_type == AMX_OP:
+                node.op_type = op
+        assert registration.register_native(so, [op]), registration.native_unavailable_reason([op])
+        fused = ort.InferenceSession(fused_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert [r.kernel for r in matches] == ["native numba amx (bf16 products)"], matches
     stock_so = ort.SessionOptions()
     stock_so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return fused, ort.InferenceSession(model.SerializeToString(), stock_so, providers=["CPUExecutionProvider"])
 
 
-@needs_amx
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "relu+gelu"])
 @pytest.mark.parametrize("m, k, n", [(1, 257, 300), (15, 300, 257), (33, 1000, 100), (100, 66, 1000)])
-def test_session_matches_stock_ort(act, m, k, n):
+def test_session_matches_stock_ort(op, features, act, m, k, n):
     model, w, b = _gemm_model(k, n, act)
-    fused, stock = _fused_and_stock(model, threads=2)
+    fused, stock = _fused_and_stock(model, op, features, threads=2)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
     y, y_ort = fused.run(None, {"X": x})[0], stock.run(None, {"X": x})[0]
     _check_against_ort(y, y_ort, x, w, b)
     _check_against_bf16_reference(y, x, w, b, act)
 
 
-@needs_amx
-def test_session_rank3_zero_size_and_plain_session_without_opt_in():
+def test_session_rank3_zero_size_and_plain_session_without_opt_in(op, features):
     model, w, b = _gemm_model(260, 270, "relu", x_shape=("batch", "seq", None))
-    fused, stock = _fused_and_stock(model)
+    fused, stock = _fused_and_stock(model, op, features)
     for shape in [(2, 5, 260), (0, 5, 260), (2, 0, 260)]:
         x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
         y, y_ort = fused.run(None, {"X": x})[0], stock.run(None, {"X": x})[0]
         _check_against_ort(y, y_ort, x, w, b)
-    plain = ortfuse.InferenceSession(model.SerializeToString(), fusion=True, fusion_patterns=["gemm_relu_gelu"])
-    assert all("amx" not in r.kernel for r in plain.fusion_report.matches)
+    if op == AMX_OP:  # (a session on simulated features would pick kernels for them; see the rewriter tests)
+        plain = ortfuse.InferenceSession(model.SerializeToString(), fusion=True, fusion_patterns=["gemm_relu_gelu"])
+        assert all("amx" not in r.kernel for r in plain.fusion_report.matches)
 
 
-@needs_amx
-def test_wrong_shape_raises_like_stock_ort_and_the_session_keeps_working():
+def test_wrong_shape_raises_like_stock_ort_and_the_session_keeps_working(op, features):
     model, w, b = _gemm_model(260, 270, "relu", x_shape=("m", "k"))  # K not declared: the kernel checks it
-    fused, _ = _fused_and_stock(model)
+    fused, _ = _fused_and_stock(model, op, features)
     stock = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     bad = np.ones((3, 259), np.float32)
     with pytest.raises(Exception) as stock_error:
@@ -351,10 +359,9 @@ def test_wrong_shape_raises_like_stock_ort_and_the_session_keeps_working():
     _check_against_ort(fused.run(None, {"X": x})[0], stock.run(None, {"X": x})[0], x, w, b)
 
 
-@needs_amx
-def test_concurrent_first_runs_share_one_packing():
+def test_concurrent_first_runs_share_one_packing(op):
     """Threads racing on the first compute of one kernel (the packing is published by compare-and-swap)."""
-    sess, w, b = _native_session(100, 70, "gelu", threads=1)
+    sess, w, b = _native_session(op, 100, 70, "gelu", threads=1)
     x = np.random.default_rng(7).standard_normal((40, 100)).astype(np.float32)
     results, errors = [], []
 

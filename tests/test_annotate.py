@@ -13,9 +13,10 @@ import onnxruntime
 import pytest
 
 import ortfuse
-from model_fixtures import ffn_inputs, ffn_matmul_add_relu
-from ortfuse.ir import metadata
 from ortfuse.cli.annotate import main as annotate_main
+from ortfuse.ir import metadata
+
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
 
 @pytest.fixture

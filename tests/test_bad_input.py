@@ -13,11 +13,12 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
 from onnx import TensorProto, helper
 
 import ortfuse
 from ortfuse.ir import metadata
+
+from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
 
 FUSIONS = [None, False, True, "auto"]
 ATOL = 1e-5

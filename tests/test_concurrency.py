@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ortfuse
+
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
 THREADS, RUNS = 8, 500
@@ -58,7 +59,7 @@ def test_kernel_rejection_raises_and_the_session_keeps_working(fused_session):
     """x with a last dim the fused GEMM cannot take: ORT's own shape check or the kernel's status
     surfaces as an exception; the next good input runs and is correct."""
     bad = {"x": np.ones((1, 2, 5), np.float32)}
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - ORT's shape check or the kernel's status: either
         fused_session.run(None, bad)
     good = ffn_inputs()
     stock = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion=False)
@@ -73,7 +74,8 @@ def test_native_kernel_shape_error_is_an_exception_like_stock_and_recoverable():
     import onnxruntime
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["z"], name="relu")]
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["z"], name="relu")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
                                            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["k"])])
@@ -100,7 +102,8 @@ def test_native_gemm_shape_error_has_stock_exception_type():
 
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
     b = numpy_helper.from_array(np.zeros(3, np.float32), "b")
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Add", ["h", "b"], ["s"], name="add"),
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Add", ["h", "b"], ["s"], name="add"),
              helper.make_node("Relu", ["s"], ["z"], name="relu")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "k"])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3])], initializer=[w, b])

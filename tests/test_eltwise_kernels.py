@@ -25,9 +25,9 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+
 from ortfuse.custom_ops import reference as R
 from ortfuse.custom_ops.kernels import eltwise as E
-
 from ortfuse.kernels import isa
 
 F32 = np.float32

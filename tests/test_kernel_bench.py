@@ -9,6 +9,7 @@ import pathlib
 import sys
 
 import pytest
+
 from ortfuse.custom_ops.registration import native_unavailable_reason
 
 pytestmark = pytest.mark.skipif(native_unavailable_reason() is not None, reason="native ops unavailable")
@@ -25,8 +26,9 @@ def _bench():
 
 def test_native_table_runs_the_fused_ops_in_ort_and_checks_them_against_stock_ort(tmp_path):
     out = tmp_path / "rows.json"
-    assert _bench().main(["--small", "2048", "--large", "4096", "--runs", "1", "--repeats", "1", "--threads", "1",
-                          "--cases", "hardswish,add_relu_bcast,silu_f16", "--gemm", "none,silu", "--json", str(out)]) == 0
+    args = ["--small", "2048", "--large", "4096", "--runs", "1", "--repeats", "1", "--threads", "1",
+            "--cases", "hardswish,add_relu_bcast,silu_f16", "--gemm", "none,silu", "--json", str(out)]
+    assert _bench().main(args) == 0
     result = json.loads(out.read_text())
     rows = {(r["kernel"], r["size"]): r for r in result["rows"]}
     assert {k for k, _ in rows} == {"hardswish", "add_relu_bcast", "silu_f16", "gemm_none", "gemm_silu"}

@@ -21,19 +21,20 @@ import onnx
 import onnxruntime
 import psutil
 import pytest
-from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 from onnx import TensorProto, helper
-from ortfuse.custom_ops import native
-from ortfuse.custom_ops.specs import DOMAIN
 
 import ortfuse
+from ortfuse.custom_ops.native import availability, slots
+from ortfuse.custom_ops.specs import DOMAIN
+
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-import soak as soak_tool
+import soak as soak_tool  # noqa: E402 - tools/ is not a package: on the path first
 
-pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
-                                reason=f"native path unavailable: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
+                                reason=f"native path unavailable: {availability.unavailable_reason()}")
 RTOL, ATOL = 1e-5, 1e-6
 MiB = 2**20
 
@@ -64,7 +65,7 @@ def test_2000_fused_sessions_leave_rss_and_kernel_pool_flat():
     expected = onnxruntime.InferenceSession(data).run(None, feeds)[0]
     proc = psutil.Process()
     gc.collect()
-    base = native.slot_stats()
+    base = slots.slot_stats()
     rss = {}
     for i in range(2000):
         session = ortfuse.InferenceSession(data, fusion=True)
@@ -77,7 +78,7 @@ def test_2000_fused_sessions_leave_rss_and_kernel_pool_flat():
             gc.collect()
             rss[i] = proc.memory_info().rss
     gc.collect()
-    end = native.slot_stats()
+    end = slots.slot_stats()
     assert end["live"] == base["live"], (base, end)
     assert end["creates"] - base["creates"] == 4000 == end["destroys"] - base["destroys"], (base, end)
     assert end["allocated"] <= max(base["allocated"], base["live"] + 2), (base, end)  # reused, never more
@@ -146,7 +147,7 @@ print(json.dumps(out))
 
 
 def test_forced_isa_in_a_subprocess():
-    """numba compiles for one ISA per process (DESIGN.md 4b): a subprocess with ORTFUSE_ISA=avx2 and
+    """numba compiles for one ISA per process (docs/ARCHITECTURE.md §5): a subprocess with ORTFUSE_ISA=avx2 and
     avx2's numba target selects and runs avx2 kernels for every session of the zoo above, equal to
     stock ORT (max |diff| <= 1e-5)."""
     from ortfuse.kernels import isa
@@ -217,7 +218,8 @@ _HS = {"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0}
 RANK13 = np.ones((1,) * 13, np.float32)
 KERNEL_ERRORS = {
     # op: (model, bad feeds, message, good feeds, numpy reference of the good feeds)
-    "FusedAddRelu": (_saved_fused("FusedAddRelu", ["A", "B"]), {"A": np.ones((2, 3), np.float32), "B": np.ones(4, np.float32)},
+    "FusedAddRelu": (_saved_fused("FusedAddRelu", ["A", "B"]),
+                     {"A": np.ones((2, 3), np.float32), "B": np.ones(4, np.float32)},
                      r"FusedAddRelu: input shapes \[2,3\] and \[4\] do not broadcast",
                      {"A": np.float32([[-1, 2, 3]]), "B": np.float32([1, -3, 0])}, lambda a, b: np.maximum(a + b, 0)),
     "FusedHardSwish": (_saved_fused("FusedHardSwish", ["X"], _HS), {"X": RANK13}, "FusedHardSwish: input 0 has rank 13",
@@ -229,9 +231,11 @@ KERNEL_ERRORS = {
                      {"X": np.arange(8, dtype=np.float32).reshape(2, 4) - 3},
                      lambda x: np.maximum(x @ np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
                                           + np.float32([0.1, -0.2, 0.3]), 0)),
-    "FusedAddReluRef": (_saved_fused("FusedAddReluRef", ["A", "B"]), {"A": np.ones((2, 3), np.float32), "B": np.ones(4, np.float32)},
+    "FusedAddReluRef": (_saved_fused("FusedAddReluRef", ["A", "B"]),
+                        {"A": np.ones((2, 3), np.float32), "B": np.ones(4, np.float32)},
                         "FusedAddReluRef node \\(ortfuse reference kernel\\).*broadcast",
-                        {"A": np.float32([[-1, 2, 3]]), "B": np.float32([1, -3, 0])}, lambda a, b: np.maximum(a + b, 0)),
+                        {"A": np.float32([[-1, 2, 3]]), "B": np.float32([1, -3, 0])},
+                        lambda a, b: np.maximum(a + b, 0)),
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``lowered`` kernel path (``ortfuse.kernels.lowering``, issue #4): each lowering rule, forced with
+"""The ``lowered`` kernel path (the rules' lowering forms, issue #4): each lowering form, forced with
 ``fuse(kernels="lowered:<form>")``, on odd shapes (strides, asymmetric pads, groups, depthwise,
 dilations, batch > 1, 1-D to 4-D GEMM inputs) against the same model run unfused by stock ORT at
 ORT_DISABLE_ALL; the rule the registry picks per op and epilogue; the report's label and the
@@ -15,6 +15,16 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+
+import ortfuse
+from ortfuse import fuse
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion import catalogue
+from ortfuse.fusion.provenance import is_rewritten, native_op_types
+from ortfuse.fusion.report import DISABLED, REJECTED
+from ortfuse.fusion.rulekit.lowering import LABEL_PREFIX
+from ortfuse.kernels import registry
+
 from pattern_graphs import (
     CONV_EPILOGUES,
     GEMM_EPILOGUES,
@@ -30,14 +40,6 @@ from pattern_graphs import (
     run_stock,
 )
 
-import ortfuse
-from ortfuse import fuse
-from ortfuse.kernels import lowering
-from ortfuse.kernels import registry
-from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.fusion.report import DISABLED, REJECTED
-from ortfuse.fusion.rewrite import is_rewritten, native_op_types
-
 RTOL, ATOL = 1e-4, 1e-5
 MS = "com.microsoft"
 
@@ -52,7 +54,7 @@ def check_lowered(model, feeds, pid: str, form: str, ops: list[str], count: int 
     groups = fused_groups(fused)
     assert len(groups) == count
     for record in report.fused:
-        assert record.kernel == lowering.LABEL_PREFIX + " + ".join(ops), report.table()
+        assert record.kernel == LABEL_PREFIX + " + ".join(ops), report.table()
         check_group(record, groups[(record.pattern_id, tuple(record.nodes))])
     ref = run_stock(model, feeds)
     got, rep = run_ortfuse(fused, feeds)
@@ -271,22 +273,25 @@ def _path(sel: registry.Selection) -> str:
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "no_native"])
 def test_registry_choice_per_op_and_epilogue(fresh_registry, native):
-    """The measured priorities (registry.LOWERED_PRIORITY) as selected: conv and GEMM ops are lowered
-    to ORT; a rule ending in a native op is offered only where the native path is."""
+    """The measured priorities (each rule's lowering forms) as selected: conv and GEMM ops are lowered
+    to ORT; a form ending in a native op is offered only where the native path is."""
     if not native:
         fresh_registry.setenv("ORTFUSE_NATIVE", "0")
     for (op, variant), want in CHOICES.items():
         sel = registry.select(op, variant=variant)
         assert _path(sel) == want[0 if native else 1], (op, variant, sel)
         if sel.kernel.path == registry.LOWERED:
-            assert sel.label == lowering.LABEL_PREFIX + lowering.RULES[sel.kernel.form].summary
+            assert sel.label == LABEL_PREFIX + catalogue.LOWERING_FORMS[sel.kernel.form].summary
 
 
-def test_every_lowering_rule_and_epilogue_has_a_measured_priority():
-    """A rule added without a measurement would silently rank above the reference only."""
-    pairs = {(form, v) for form, rule in lowering.RULES.items() for v in rule.activations}
-    assert pairs == set(registry.LOWERED_PRIORITY), pairs ^ set(registry.LOWERED_PRIORITY)
-    assert all(p > 0 for p in registry.LOWERED_PRIORITY.values())
+def test_every_lowering_form_and_epilogue_is_a_kernel_above_the_reference():
+    """Each (form, epilogue) a rule declares is one lowered kernel, ranked by the priority the rule
+    states for it, above the reference path (priority 0)."""
+    declared = {(f.name, v): p for f in catalogue.LOWERING_FORMS.values() for v, p in f.priorities.items()}
+    listed = {(k.form, k.variants[0]): k.priority for k in registry.lowered_kernels(native=frozenset(
+        op for f in catalogue.LOWERING_FORMS.values() for op in f.native_ops.values()))}
+    assert listed == declared
+    assert all(p > 0 for p in declared.values())
 
 
 def test_preferences_restrict_the_paths():

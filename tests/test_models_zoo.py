@@ -25,6 +25,7 @@ from ortfuse.models import cache, cli, registry
 BIG = {"resnet50", "resnet50_const", "bert_encoder"}  # ~100 MB of weights each
 SMALL = [n for n in models.NAMES if n not in BIG]
 CONST_PAIRS = [("resnet50", "resnet50_const"), ("mobilenetv3_block", "mobilenetv3_block_const")]
+CONST_PARAMS = [pytest.param(*p, marks=pytest.mark.slow) if p[0] in BIG else p for p in CONST_PAIRS]
 
 
 def _param(name: str):
@@ -53,7 +54,7 @@ def fresh_cache(monkeypatch, tmp_path):
     return tmp_path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name: str) -> onnx.ModelProto:
     return models.make(name)
 
@@ -124,10 +125,11 @@ def test_unknown_name_lists_known_ones():
 
 def test_cache_dir_from_env_else_home(monkeypatch, tmp_path):
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "c"))
-    assert models.cache_dir() == tmp_path / "c"
+    assert cache.model_path("x") == tmp_path / "c" / "models" / "x.onnx"
     monkeypatch.delenv("ORTFUSE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert models.cache_dir() == tmp_path / "home" / ".cache" / "ortfuse"
+    assert cache.model_path("x") == tmp_path / "home" / ".cache" / "ortfuse" / "models" / "x.onnx"
 
 
 @pytest.mark.parametrize("name", models.NAMES)
@@ -177,7 +179,7 @@ def test_runs_on_stock_ort_with_dynamic_batch(name):
     np.testing.assert_allclose(row0[0], out2[0][:1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("plain,const", [pytest.param(*p, marks=pytest.mark.slow) if p[0] in BIG else p for p in CONST_PAIRS])
+@pytest.mark.parametrize("plain,const", CONST_PARAMS)
 def test_const_variant_computes_the_same_function(plain, const):
     feeds = models.sample_inputs(plain, batch=1, seed=3)
     y_plain = _session(plain).run(None, feeds)[0]
@@ -281,7 +283,7 @@ def test_resnet50_structure():
     assert 25.4e6 < params < 25.7e6  # ResNet-50 has 25.56M parameters plus BN running stats
 
 
-@pytest.mark.parametrize("plain,const", [pytest.param(*p, marks=pytest.mark.slow) if p[0] in BIG else p for p in CONST_PAIRS])
+@pytest.mark.parametrize("plain,const", CONST_PARAMS)
 def test_const_variant_structure(plain, const):
     pm, cm = _model(plain), _model(const)
     assert len(cm.graph.initializer) == 0

@@ -2,8 +2,9 @@
 value_info and graph inputs / outputs, swapped inputs, bad initializers, other opsets, duplicated
 names, cycles. Stock ORT and ortfuse(fusion=True) must agree: equal outputs (rtol 1e-4, atol 1e-5
 x max(1, max|ref|), against stock ORT at ORT_DISABLE_ALL) or the same exception class; never a crash
-or hang, whether run by ``run``, ORT's parallel executor or ``run_async``. Seeded (derandomize, no database) so CI sees the same cases every run; long campaigns:
-tools/fuzz_campaign.py, whose crash fixtures (tests/fixtures/crashes/) are replayed here."""
+or hang, whether run by ``run``, ORT's parallel executor or ``run_async``. Seeded (derandomize, no
+database) so CI sees the same cases every run; long campaigns: tools/fuzz_campaign.py, whose crash
+fixtures (tests/fixtures/crashes/) are replayed here."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from mutation_models import EXECUTIONS, MUTATIONS, HypothesisChooser, base_model, compare, mutate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,8 +88,9 @@ def test_campaign_catches_a_segfault_and_a_hang(tmp_path):
     env = dict(os.environ, ORTFUSE_FUZZ_SELFTEST_SEGFAULT="0", ORTFUSE_FUZZ_SELFTEST_HANG="1",
                ORTFUSE_FUZZ_NO_WARMUP="1")
     summary = tmp_path / "summary.json"
-    result = subprocess.run([sys.executable, CAMPAIGN, "--cases", "2", "--seed", "0", "--workers", "1", "--timeout", "3",
-                             "--save-dir", str(tmp_path / "crashes"), "--mismatch-dir", str(tmp_path / "mismatches"),
+    result = subprocess.run([sys.executable, CAMPAIGN, "--cases", "2", "--seed", "0", "--workers", "1",
+                             "--timeout", "3", "--save-dir", str(tmp_path / "crashes"),
+                             "--mismatch-dir", str(tmp_path / "mismatches"),
                              "--json", str(summary)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads(summary.read_text())

@@ -30,8 +30,8 @@ def test_own_names_are_ortfuse_objects():
 
 
 def test_import_and_unannotated_sessions_do_not_load_onnx(tmp_path):
-    """`import ortfuse` costs what `import onnxruntime` costs: onnx (~0.6 s) loads only when a model
-    must be parsed, never for an unannotated model with fusion=None."""
+    """`import ortfuse` costs what `import onnxruntime` costs: onnx (slow to import) loads only when a
+    model must be parsed, never for an unannotated model with fusion=None."""
     import subprocess
     import sys
 

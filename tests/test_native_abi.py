@@ -13,20 +13,23 @@ import textwrap
 import numpy as np
 import onnxruntime as ort
 import pytest
+from native_probe import PROBE_CHOICES, PROBE_OP, add_probe_op
 from onnx import TensorProto, helper
 
-from ortfuse.custom_ops import abi, native
-from ortfuse.custom_ops.native_ops import NATIVE_OPS, PROBE_CHOICES, PROBE_OP
+from ortfuse.custom_ops import abi, numba_setup
+from ortfuse.custom_ops.native import availability, install, op_def, slots, threads
 from ortfuse.custom_ops.registration import (
+    native_op_table,
     native_op_types,
     native_unavailable_reason,
     register_library,
     register_native,
 )
-from ortfuse.custom_ops.specs import DOMAIN, SPECS
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.catalogue import SPECS
 
-pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
-                                reason=f"native path unavailable: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
+                                reason=f"native path unavailable: {availability.unavailable_reason()}")
 
 NATIVE = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct", PROBE_OP]
 
@@ -34,13 +37,14 @@ NATIVE = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct", PROBE_O
 @pytest.fixture(scope="module")
 def options_factory():
     """SessionOptions with the native ops (and the extensions library) registered."""
-    assert register_native(ort.SessionOptions(), NATIVE), native_unavailable_reason(NATIVE)
+    add_probe_op()
+    assert register_native(ort.SessionOptions(), NATIVE, SPECS.values()), native_unavailable_reason(NATIVE)
 
     def make(threads: int = 0):
         so = ort.SessionOptions()
         if threads:
             so.intra_op_num_threads = threads
-        assert register_native(so, NATIVE)
+        assert register_native(so, NATIVE, SPECS.values())  # and the reference ops
         return so
 
     return make
@@ -116,8 +120,8 @@ def test_native_ops_match_specs():
     kinds = {float: "float", int: "int", str: "choice"}
     chains = {f"FusedEltwiseChain{k}" for k in range(5)}
     assert {"FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"} | chains <= native_op_types()
-    for name in native_op_types():
-        spec, op = SPECS[name], NATIVE_OPS[name]
+    for name in sorted(native_op_types() & set(SPECS)):
+        spec, op = SPECS[name], native_op_table()[name]
         assert len(op.inputs) == len(spec.inputs), name
         if op.node_attrs is not None:  # reads the attributes the rewriter adds for it (native_chain)
             assert {a.name: a.kind for a in op.attrs} == {
@@ -129,7 +133,7 @@ def test_native_ops_match_specs():
 
 def test_ref_suffix_is_refused():
     with pytest.raises(ValueError, match="Python-op path"):
-        native.NativeOpDef("FusedAddReluRef", ("A", "B"), NATIVE_OPS["FusedAddRelu"].compute)
+        op_def.NativeOpDef("FusedAddReluRef", ("A", "B"), native_op_table()["FusedAddRelu"].compute)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,11 +193,11 @@ def test_status_from_compute_reaches_python_and_session_survives(options_factory
 ])
 def test_bad_attributes_fail_session_creation_with_message(options_factory, attrs, message):
     model = _model(PROBE_OP, [("X", TensorProto.FLOAT), ("Y", TensorProto.FLOAT)], attrs, TensorProto.DOUBLE)
-    before = native.slot_stats()["live"]
+    before = slots.slot_stats()["live"]
     with pytest.raises(Exception, match=message):
         ort.InferenceSession(model, options_factory(), providers=["CPUExecutionProvider"])
     gc.collect()
-    assert native.slot_stats()["live"] == before  # the slot taken for the failed kernel went back
+    assert slots.slot_stats()["live"] == before  # the slot taken for the failed kernel went back
     assert PROBE_CHOICES == ("alpha", "beta", "gamma")
 
 
@@ -222,11 +226,11 @@ def test_slots_are_reused_across_2000_sessions_and_rss_stays_flat(options_factor
 
     # many sessions alive at once: the pool grows to the peak...
     alive = [ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]) for _ in range(50)]
-    stats = native.slot_stats()
+    stats = slots.slot_stats()
     assert stats["live"] >= 100
     del alive
     gc.collect()
-    base = native.slot_stats()
+    base = slots.slot_stats()
     allocated = base["allocated"]
     # ...and later churn reuses those slots instead of allocating
     rss = []
@@ -237,7 +241,7 @@ def test_slots_are_reused_across_2000_sessions_and_rss_stays_flat(options_factor
         if i % 250 == 0:
             rss.append(proc.memory_info().rss)
     gc.collect()
-    end = native.slot_stats()
+    end = slots.slot_stats()
     assert end["live"] == base["live"]
     assert end["allocated"] == allocated                     # no new slot: all came from the free list
     assert end["creates"] - base["creates"] == 4000 and end["destroys"] - base["destroys"] == 4000
@@ -253,7 +257,7 @@ def test_slots_are_reused_across_2000_sessions_and_rss_stays_flat(options_factor
 
 def test_registered_ops_use_spec_names_only(options_factory):
     options_factory()
-    names = native.registered_ops()
+    names = install.registered_ops()
     assert set(NATIVE) <= set(names)
     assert not any(n.endswith("Ref") for n in names)
 
@@ -285,10 +289,11 @@ def test_disabled_native_path_falls_back_cleanly():
     proc = _run_python("""
         import onnxruntime as ort
         from ortfuse.custom_ops.registration import register_native, register_library, native_unavailable_reason
+        from ortfuse.fusion.catalogue import SPECS
         so = ort.SessionOptions()
         assert register_native(so, ["FusedAddRelu"]) is False
         print(native_unavailable_reason(["FusedAddRelu"]))
-        register_library(so)  # the reference path still works on the same options
+        register_library(so, SPECS.values())  # the reference path still works on the same options
         print("fallback ok")
     """, ORTFUSE_NATIVE="0")
     assert proc.returncode == 0, proc.stderr
@@ -297,7 +302,7 @@ def test_disabled_native_path_falls_back_cleanly():
 
 def test_session_with_only_native_kernels_never_imports_onnx(tmp_path):
     """With its plan cached, a fused session whose kernels are all native registers the extensions
-    library by path: neither onnxruntime-extensions' Python package nor onnx (0.5 s to import here,
+    library by path: neither onnxruntime-extensions' Python package nor onnx (slow to import,
     through ml_dtypes) is imported, and the outputs equal stock ORT's unfused ones."""
     model = helper.make_model(helper.make_graph(
         [helper.make_node("Add", ["A", "B"], ["S"], name="add"), helper.make_node("Relu", ["S"], ["Y"], name="relu")],
@@ -335,7 +340,7 @@ def test_session_with_only_native_kernels_never_imports_onnx(tmp_path):
 def test_library_path_is_the_one_the_extensions_package_names():
     from onnxruntime_extensions import get_library_path
 
-    from ortfuse.custom_ops.registration import library_path
+    from ortfuse.custom_ops.native.extensions import library_path
 
     assert os.path.samefile(library_path(), get_library_path())
 
@@ -354,10 +359,11 @@ def test_compiled_code_is_cached_in_user_folder():
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)])
         s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         assert s.run(None, {"X": np.zeros(3, np.float32)})[0].tolist() == [0, 0, 0]
-        from ortfuse.custom_ops import native, abi
-        hits = sum(f._cache_hits for f in native._compiled.values())
-        print("hits", hits, "of", len(native._compiled))
-        print(abi.cache_root())
+        from ortfuse.custom_ops import numba_setup
+        from ortfuse.custom_ops.native import lifetime
+        hits = sum(f._cache_hits for f in lifetime.COMPILED.values())
+        print("hits", hits, "of", len(lifetime.COMPILED))
+        print(numba_setup.cache_root())
     """
     first = _run_python(code)  # compiles what the cache lacks (nothing, usually)
     assert first.returncode == 0, first.stderr
@@ -370,35 +376,36 @@ def test_compiled_code_is_cached_in_user_folder():
     words = second.stdout.split()
     assert int(words[1]) == int(words[3]) > 0, second.stdout
     root = second.stdout.splitlines()[1]
-    assert root == abi.cache_root()
-    cached = [f for _, _, files in os.walk(root) for f in files if f.startswith("native_ops._silu_worker")]
+    assert root == numba_setup.cache_root()
+    cached = [f for _, _, files in os.walk(root) for f in files if f.startswith("silu._silu_worker")]
     assert cached, f"no cached worker under {root}"
     package = os.path.dirname(abi.__file__)
-    ours = ("abi.", "native.", "native_ops.")
-    assert not [f for _, _, files in os.walk(package) for f in files
-                if f.startswith(ours) and f.endswith((".nbi", ".nbc"))], "cache files beside the sources"
+    ours = ("intrinsics.", "ort_api.", "messages.")
+    beside = [f for folder, _, files in os.walk(package) for f in files if f.endswith((".nbi", ".nbc"))
+              and (f.startswith(ours) or os.path.join(package, "native") in folder)]
+    assert not beside, f"cache files beside the sources: {beside}"
 
 
 def test_cache_root_defaults_to_user_cache(monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
-    assert abi.cache_root() == os.path.join("/somewhere", "ortfuse", "numba")
-    assert abi.CACHE_LOCATOR_INSTALLED
+    assert numba_setup.cache_root() == os.path.join("/somewhere", "ortfuse", "numba")
+    assert numba_setup.configure_numba()  # the package's cache locator is in place
 
 
 def test_threading_settings_round_trip():
-    mode, par_min = native.threading_settings()
+    mode, par_min = threads.threading_settings()
     try:
-        assert native.set_threading("serial", 123) == ("serial", 123)
+        assert threads.set_threading("serial", 123) == ("serial", 123)
         with pytest.raises(ValueError, match="threading mode"):
-            native.set_threading("fibers")
+            threads.set_threading("fibers")
     finally:
-        native.set_threading(mode, par_min)
+        threads.set_threading(mode, par_min)
 
 
 def test_register_library_still_works_alone():
     so = ort.SessionOptions()
-    register_library(so)
+    register_library(so, SPECS.values())
     model = helper.make_model(helper.make_graph(
         [helper.make_node("FusedAddReluRef", ["A", "B"], ["Y"], domain=DOMAIN, pattern_id="add_relu",
                           replaced_nodes="add,relu")], "g",

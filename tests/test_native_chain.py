@@ -1,4 +1,4 @@
-"""The native FusedEltwiseChain{k} kernel (custom_ops/native_chain.py).
+"""The native FusedEltwiseChain{k} kernel (custom_ops/native/ops/eltwise_chain/).
 
 Models of unfused elementwise ops go through ``ortfuse.InferenceSession(fusion=True)`` (the report
 must say the chain runs native) and are compared with the same model on stock onnxruntime at
@@ -22,17 +22,20 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortfuse.custom_ops import native, native_chain, reference
-from ortfuse.custom_ops.native_chain import CHAIN_OPS, MAX_STEPS, N_UNARY, node_attrs
-from ortfuse.custom_ops.registration import register_native
-from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 
 import ortfuse
-from ortfuse.fusion.patterns import eltwise as eltwise_pattern
+from ortfuse.custom_ops import reference
+from ortfuse.custom_ops.native import availability, threads
+from ortfuse.custom_ops.native.layout import MAX_ATTR_WORDS
+from ortfuse.custom_ops.native.ops.eltwise_chain import encoding
+from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import CHAIN_OPS, MAX_STEPS, N_UNARY, node_attrs
+from ortfuse.custom_ops.registration import register_native
+from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 from ortfuse.fusion.rewrite import fuse
+from ortfuse.fusion.rules import eltwise_chain as eltwise_pattern
 
-pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
-                                reason=f"native path unavailable: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
+                                reason=f"native path unavailable: {availability.unavailable_reason()}")
 
 CPU = ["CPUExecutionProvider"]
 EXACT = {"rtol": 1e-5, "atol": 1e-6}
@@ -442,7 +445,8 @@ def test_shapes_that_do_not_broadcast_raise_like_ort_and_the_session_keeps_worki
     for feeds in bad:
         with pytest.raises(Exception) as stock_err:
             ref.run(None, feeds)
-        with pytest.raises(type(stock_err.value), match=r"FusedEltwiseChain2: input shapes \[.*\] and \[.*\] do not broadcast"):
+        with pytest.raises(type(stock_err.value),
+                           match=r"FusedEltwiseChain2: input shapes \[.*\] and \[.*\] do not broadcast"):
             sess.run(None, feeds)
         np.testing.assert_allclose(sess.run(None, good)[0], ref.run(None, good)[0], **EXACT)
 
@@ -476,7 +480,8 @@ def test_array_attributes_round_trip(native_options):
     sess = ort.InferenceSession(model, native_options(), providers=CPU)
     x, c = rand((2, 3), -4, 4), rand((3,), seed=1)
     program = json.dumps([{"op": "LeakyRelu", "alpha": params[0]}, {"op": "Clip", "min": params[2], "max": params[3]},
-                          {"op": "Sub", "args": ["c0", "x"]}, {"op": "HardSigmoid", "alpha": params[6], "beta": params[7]}])
+                          {"op": "Sub", "args": ["c0", "x"]},
+                          {"op": "HardSigmoid", "alpha": params[6], "beta": params[7]}])
     np.testing.assert_array_equal(sess.run(None, {"X": x, "C0": c})[0], reference.eltwise_chain(x, c, program=program))
 
 
@@ -506,14 +511,14 @@ def test_threading_modes_agree():
     model = chain_model(["n", 64], [("Mul", 0), "Erf", ("Add", 1)], [[64], ["n", 1]])
     feeds = {"X": rand((5000, 64)), "C0": rand((64,), seed=1), "C1": rand((5000, 1), seed=2)}
     want = stock(model, feeds)
-    before = native.threading_settings()
+    before = threads.threading_settings()
     try:
         for mode, par_min in (("serial", 0), ("ort", 0), ("ort", -1)):
-            native.set_threading(mode, par_min)
+            threads.set_threading(mode, par_min)
             np.testing.assert_allclose(fused_session(model).run(None, feeds)[0], want, **POLY)
     finally:
-        native.set_threading(*before)
+        threads.set_threading(*before)
 
 
 def test_module_constants_fit_the_kernel_state():
-    assert native_chain.W_PARAMS + 1 + 2 * MAX_STEPS <= native.MAX_ATTR_WORDS
+    assert encoding.W_PARAMS + 1 + 2 * MAX_STEPS <= MAX_ATTR_WORDS

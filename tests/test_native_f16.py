@@ -1,5 +1,6 @@
-"""Float16 native kernels (custom_ops/native_f16.py): add_relu, hardswish (both spellings) and silu
-matched in float16 models run as FusedAddReluF16 / FusedHardSwishF16 / FusedSiLUF16.
+"""Float16 native kernels (custom_ops/native/ops/: add_relu.py, hardswish.py, silu.py): add_relu,
+hardswish (both spellings) and silu matched in float16 models run as FusedAddReluF16 /
+FusedHardSwishF16 / FusedSiLUF16.
 
 Each case is checked twice (the model's inputs are float16; x16 denotes them):
 - against the same model run by stock ORT at ORT_DISABLE_ALL, within 4 float16 ulps (rtol 2^-8,
@@ -15,14 +16,15 @@ import numpy as np
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper
-from pattern_graphs import CPU, GraphBuilder, epi_hardsigmoid_mul, epi_hardswish_div_mul, epi_silu, tolerance
 
 import ortfuse
 from ortfuse.kernels import registry
 
+from pattern_graphs import CPU, GraphBuilder, epi_hardsigmoid_mul, epi_hardswish_div_mul, epi_silu, tolerance
+
 F16_ULP = 2.0**-10
-pytestmark = pytest.mark.skipif(not registry._native_ops(), reason="the native path is unavailable here; "
-                                "float16 matches are then left unfused (test_float16_without_native_kernels_stays_unfused)")
+pytestmark = pytest.mark.skipif(not registry._native_ops(), reason="the native path is unavailable here; float16 "
+                                "matches are then left unfused (test_float16_without_native_kernels_stays_unfused)")
 
 
 def _exact(kind: str, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
@@ -77,7 +79,8 @@ def test_float16_kernel_matches_stock_ort_and_the_exact_math(kind, shape):
     _check(kind, model, b.feeds())
 
 
-@pytest.mark.parametrize("spelling", [epi_hardswish_div_mul, epi_hardsigmoid_mul], ids=["add_clip_div_mul", "hardsigmoid_mul"])
+@pytest.mark.parametrize("spelling", [epi_hardswish_div_mul, epi_hardsigmoid_mul],
+                         ids=["add_clip_div_mul", "hardsigmoid_mul"])
 def test_float16_hardswish_spellings(spelling):
     model, b = _model("hardswish", [4, 257], spelling=spelling)
     _check("hardswish", model, b.feeds())
@@ -101,15 +104,16 @@ def test_float16_nan_inf_and_extremes_as_stock_ort():
 
 @pytest.mark.parametrize("div", [6.0, 3.0, 0.0, -0.0, 1e-40, np.inf, np.nan])
 def test_float16_hardswish_divides_where_the_reciprocal_would_differ(div):
-    """native_f16.hardswish_span_f16 multiplies by float32(1 / div) only where that is finite and
+    """hardswish.hardswish_span_f16 multiplies by float32(1 / div) only where that is finite and
     non-zero (within a float16 ulp of dividing); for div 0, subnormal, Inf or NaN it divides, which
     equals the float32 reference rounded to float16 bit for bit (0 * (c / 1e-40) is 0, 0 * (c * Inf) NaN)."""
     from ortfuse.custom_ops import reference
-    from ortfuse.custom_ops.native_f16 import hardswish_span_f16
+    from ortfuse.custom_ops.native.ops.hardswish import hardswish_span_f16
 
     x16 = np.concatenate([np.linspace(-8, 8, 4001), [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0]]).astype(np.float16)
     y = np.empty(x16.shape, np.uint16)
-    hardswish_span_f16(x16.view(np.uint16), y, 0, x16.size, np.float32(3), np.float32(0), np.float32(6), np.float32(div))
+    hardswish_span_f16(x16.view(np.uint16), y, 0, x16.size, np.float32(3), np.float32(0), np.float32(6),
+                       np.float32(div))
     got = y.view(np.float16)
     with np.errstate(all="ignore"):
         ref = reference.hardswish(x16.astype(np.float32), add=3.0, lo=0.0, hi=6.0, div=div).astype(np.float16)
@@ -139,7 +143,8 @@ def test_float16_shapes_that_do_not_broadcast_raise_like_stock_and_the_session_g
     bad = {"x": np.ones((2, 5), np.float16), "y": np.ones((3, 5), np.float16)}
     with pytest.raises(Exception) as stock_error:
         stock.run(None, bad)
-    with pytest.raises(stock_error.type, match="FusedAddReluF16: input shapes \\[2,5\\] and \\[3,5\\] do not broadcast"):
+    with pytest.raises(stock_error.type,
+                       match="FusedAddReluF16: input shapes \\[2,5\\] and \\[3,5\\] do not broadcast"):
         fused.run(None, bad)
     good = {"x": np.float16([[1, -2, 3, -4, 5]]), "y": np.float16([[-1, -1, -1, -1, -1]])}
     np.testing.assert_array_equal(fused.run(None, good)[0], stock.run(None, good)[0])
@@ -157,10 +162,12 @@ def test_float16_without_native_kernels_stays_unfused():
 def test_saved_float16_fused_model_runs_in_a_fresh_session():
     """A model saved already fused with a float16 op (``ortfuse-annotate --rewrite``) gets its native
     op registered and runs: ORT checks the declared float16 types at load, the kernel at run time."""
-    node = helper.make_node("FusedSiLUF16", ["X"], ["Y"], domain="ai.onnx.contrib", pattern_id="silu", replaced_nodes="a,b")
+    node = helper.make_node("FusedSiLUF16", ["X"], ["Y"], domain="ai.onnx.contrib", pattern_id="silu",
+                            replaced_nodes="a,b")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [3])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.contrib", 1)])
     session = ortfuse.InferenceSession(model.SerializeToString())
     assert "saved already fused" in session.fusion_report.reason
     x = np.float16([-1, 0, 2])

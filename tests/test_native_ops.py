@@ -15,13 +15,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortfuse.custom_ops import native, reference
-from ortfuse.custom_ops.native_ops import BLOCK, GEMM_ACTIVATIONS
+from ortfuse.custom_ops import reference
+from ortfuse.custom_ops.native import availability, threads
+from ortfuse.custom_ops.native.elementwise import BLOCK
+from ortfuse.custom_ops.native.layout import MAX_RANK
+from ortfuse.custom_ops.native.ops.gemm import NATIVE_GEMM_EPILOGUES
 from ortfuse.custom_ops.registration import native_unavailable_reason, register_native
 from ortfuse.custom_ops.specs import DOMAIN
 
-pytestmark = pytest.mark.skipif(native.unavailable_reason() is not None,
-                                reason=f"native path unavailable: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
+                                reason=f"native path unavailable: {availability.unavailable_reason()}")
 
 OPS = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"]
 HARDSWISH = {"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0}
@@ -57,12 +60,12 @@ def session():
 @pytest.fixture(params=["serial", "ort", "numba"])
 def threading_mode(request):
     """Each threading mode, splitting work from the first element so blocks really run in parallel."""
-    if request.param == "numba" and not native._numba_threads_ok():
+    if request.param == "numba" and not threads.numba_threads_ok():
         pytest.skip("numba's threading layer here is neither omp nor tbb")
-    saved = native.threading_settings()
-    native.set_threading(request.param, 0 if request.param != "serial" else -1)
+    saved = threads.threading_settings()
+    threads.set_threading(request.param, 0 if request.param != "serial" else -1)
     yield request.param
-    native.set_threading(*saved)
+    threads.set_threading(*saved)
 
 
 def _specials(n, rng):
@@ -131,11 +134,11 @@ def test_add_relu_bad_shapes_raise_and_session_survives(session):
 
 def test_rank_above_limit_is_an_error(session):
     sess = session("FusedSiLU", ["X"])
-    x = np.ones((1,) * (native.MAX_RANK + 1), np.float32)
-    with pytest.raises(Exception, match=f"FusedSiLU: input 0 has rank {native.MAX_RANK + 1}, more than the "
-                                        f"supported {native.MAX_RANK}"):
+    x = np.ones((1,) * (MAX_RANK + 1), np.float32)
+    with pytest.raises(Exception, match=f"FusedSiLU: input 0 has rank {MAX_RANK + 1}, more than the "
+                                        f"supported {MAX_RANK}"):
         sess.run(None, {"X": x})
-    x = np.ones((1,) * native.MAX_RANK, np.float32)
+    x = np.ones((1,) * MAX_RANK, np.float32)
     assert sess.run(None, {"X": x})[0].shape == x.shape
 
 
@@ -170,23 +173,25 @@ def test_silu_matches_reference(session, threading_mode, shape):
 def test_unary_strided_input(session):
     x = np.linspace(-8, 8, 400, dtype=np.float32).reshape(20, 20)[:, ::3]
     assert not x.flags.c_contiguous
-    _assert_same(session("FusedHardSwish", ["X"], HARDSWISH).run(None, {"X": x})[0], reference.hardswish(x, **HARDSWISH))
+    _assert_same(session("FusedHardSwish", ["X"], HARDSWISH).run(None, {"X": x})[0],
+                 reference.hardswish(x, **HARDSWISH))
     _assert_same(session("FusedSiLU", ["X"]).run(None, {"X": x})[0], reference.silu(x), exact=False)
 
 
 def test_division_loops_hint_the_lines_ahead(tmp_path):
     """The spans whose loop divides or computes exp per element, and the chain's polynomial steps,
-    hint the lines of the elements ahead (prefetcht0 for inputs, prefetchw for the output): without
-    the hints, 32M float16 SiLU took 1.6x as long (native_ops.hint_ahead). Compiled in a process
+    hint the lines of the elements ahead (prefetcht0 for inputs, prefetchw for the output; why:
+    elementwise.hint_ahead; measure: tools/kernel_bench.py --cases silu_f16). Compiled in a process
     with an empty cache: code loaded from the cache carries no assembly text."""
     code = """
         import numpy as np
-        from ortfuse.custom_ops import native_chain, native_f16, native_ops
+        from ortfuse.custom_ops.native.ops import hardswish, silu
+        from ortfuse.custom_ops.native.ops.eltwise_chain import encoding, steps
         f32, u16, one = np.zeros(8, np.float32), np.zeros(8, np.uint16), np.float32(1)
-        compiled = [(native_ops.silu_span, (f32, f32, 0, 8)), (native_ops.silu_span, (u16, u16, 0, 8)),
-                    (native_ops.hardswish_span, (f32, f32, 0, 8, one, one, one, one)),
-                    (native_f16.hardswish_span_f16, (u16, u16, 0, 8, one, one, one, one)),
-                    (native_chain.unary_step, (f32, f32, True, native_chain.OP_TANH, one, one, 0, 0, 0))]
+        compiled = [(silu.silu_span, (f32, f32, 0, 8)), (silu.silu_span, (u16, u16, 0, 8)),
+                    (hardswish.hardswish_span, (f32, f32, 0, 8, one, one, one, one)),
+                    (hardswish.hardswish_span_f16, (u16, u16, 0, 8, one, one, one, one)),
+                    (steps.unary_step, (f32, f32, True, encoding.OP_TANH, one, one, 0, 0, 0))]
         for fn, args in compiled:
             fn(*args)
             asm = fn.inspect_asm(tuple(fn.typeof_pyval(a) for a in args))
@@ -197,7 +202,7 @@ def test_division_loops_hint_the_lines_ahead(tmp_path):
     assert proc.returncode == 0, proc.stderr
     counts = [line.split() for line in proc.stdout.splitlines()]
     assert len(counts) == 5, proc.stdout
-    for name, writes, reads in counts:
+    for _name, writes, reads in counts:
         assert int(writes) > 0 and int(reads) > 0, proc.stdout
 
 
@@ -260,7 +265,7 @@ def test_gemm_act_unknown_activation_fails_session_creation():
     so = ort.SessionOptions()
     assert register_native(so, OPS)
     with pytest.raises(Exception, match="FusedGemmAct: attribute 'activation' has unsupported value 'relu\\+mish'; "
-                                        "expected '\\+'-joined tokens from: " + ", ".join(GEMM_ACTIVATIONS)):
+                                        "expected '\\+'-joined tokens from: " + ", ".join(NATIVE_GEMM_EPILOGUES)):
         ort.InferenceSession(_model("FusedGemmAct", ["X", "W", "B"], {"activation": "relu+mish"}), so,
                              providers=["CPUExecutionProvider"])
 
@@ -272,10 +277,10 @@ def test_gemm_act_unknown_activation_fails_session_creation():
 
 @pytest.mark.parametrize("mode", ["ort", "numba"])
 def test_eight_threads_share_one_session(session, mode):
-    if mode == "numba" and not native._numba_threads_ok():
+    if mode == "numba" and not threads.numba_threads_ok():
         pytest.skip("numba's threading layer here is neither omp nor tbb")
-    saved = native.threading_settings()
-    native.set_threading(mode, 0)
+    saved = threads.threading_settings()
+    threads.set_threading(mode, 0)
     try:
         sess = session("FusedAddRelu", ["A", "B"])
         rng = np.random.default_rng(8)
@@ -293,14 +298,14 @@ def test_eight_threads_share_one_session(session, mode):
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
-        for t in threads:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+        for t in workers:
             t.start()
-        for t in threads:
+        for t in workers:
             t.join()
         assert not errors
         for i, outs in enumerate(results):
             assert len(outs) == 15 and all(np.array_equal(o, expected[i]) for o in outs)
             np.testing.assert_array_equal(expected[i], reference.add_relu(feeds[i]["A"], feeds[i]["B"]))
     finally:
-        native.set_threading(*saved)
+        threads.set_threading(*saved)

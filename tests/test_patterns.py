@@ -24,8 +24,15 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from ortfuse.custom_ops.specs import DOMAIN, SPECS
-from ortfuse.fusion.patterns.activations import hardsigmoid_as_hardswish
+
+import ortfuse
+from ortfuse import fuse
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.catalogue import PATTERN_IDS, SPECS, UnknownPatternError
+from ortfuse.fusion.report import DISABLED, REJECTED
+from ortfuse.fusion.rulekit.epilogues import hardsigmoid_as_hardswish
+from ortfuse.kernels import registry
+
 from pattern_graphs import (
     CONV_EPILOGUES,
     GEMM_EPILOGUES,
@@ -42,12 +49,6 @@ from pattern_graphs import (
     run_ortfuse,
     run_stock,
 )
-
-import ortfuse
-from ortfuse import fuse
-from ortfuse.kernels import registry
-from ortfuse.fusion.catalogue import PATTERN_IDS, UnknownPatternError
-from ortfuse.fusion.report import DISABLED, REJECTED
 
 RTOL, ATOL = 1e-4, 1e-5
 OP_OF_PATTERN = {spec.pattern_id: spec.name for spec in SPECS.values() if not spec.name.startswith("FusedEltwise")}
@@ -95,7 +96,7 @@ def assert_fused(c: Case, patterns=None, rtol=RTOL, atol=ATOL) -> tuple[onnx.Mod
     for key, nodes in groups.items():
         check_group(records[key], nodes)
     names = {n.name for n in fused.graph.node}
-    for pid, nodes in c.expected:
+    for _pid, nodes in c.expected:
         assert not (set(nodes) & names), f"replaced nodes left in the graph: {set(nodes) & names}"
     # the fused op's attributes, read from the single custom node of the reference path
     assert_spec_attrs(c, patterns)
@@ -264,7 +265,8 @@ def test_conv_bn_relu_forms(build):
 
 EPILOGUE_OPSETS = [(name, opset) for name, (_, lo, hi, *_rest) in CONV_EPILOGUES.items()
                    for opset in (7, 10, 13, 14, 17) if lo <= opset <= hi
-                   and (opset >= 11 or "clip" in name or "hardswish_" in name) and (opset != 14 or name == "hardswish_op")]
+                   and (opset >= 11 or "clip" in name or "hardswish_" in name)
+                   and (opset != 14 or name == "hardswish_op")]
 
 
 @pytest.mark.parametrize("epilogue,opset", EPILOGUE_OPSETS, ids=[f"{e}-opset{o}" for e, o in EPILOGUE_OPSETS])
@@ -292,8 +294,8 @@ GEOMETRIES = {
     "strides_2_1": {"cin": 3, "m": 4, "k": (3, 3), "strides": [2, 1]},
     "asymmetric_pads": {"cin": 3, "m": 4, "k": (3, 2), "pads": [1, 0, 2, 1]},
     "dilations_2_3": {"cin": 3, "m": 4, "k": (3, 3), "dilations": [2, 3]},
-    "strides_pads_dilations_grouped": {"cin": 4, "m": 6, "k": (3, 3), "group": 2, "strides": [2, 2], "pads": [2, 1, 1, 2],
-                                           "dilations": [2, 1]},
+    "strides_pads_dilations_grouped": {"cin": 4, "m": 6, "k": (3, 3), "group": 2, "strides": [2, 2],
+                                       "pads": [2, 1, 1, 2], "dilations": [2, 1]},
     "pointwise_1x1": {"cin": 7, "m": 3, "k": (1, 1)},
     "kernel_5x1": {"cin": 3, "m": 4, "k": (5, 1), "pads": [2, 0, 2, 0]},
     "auto_pad_valid": {"cin": 3, "m": 4, "k": (3, 3), "auto_pad": "VALID", "strides": [2, 2]},
@@ -490,8 +492,9 @@ def test_conv_add_relu_residual_of_different_shape_is_rejected():
     x, r = b.input("x", [1, 3, 5, 7]), b.input("res", [1, 4, 1, 1])
     c = conv(b, x, 3, 4)
     b.output(b.op("Relu", [b.op("Add", [c, r], name="add")], name="relu"))
-    _, report = assert_rejected(case(b), "conv_add_relu", "residual shape [1, 4, 1, 1] differs from the conv output shape "
-                                "[1, 4, 3, 5]", nodes=["conv", "add", "relu"])
+    _, report = assert_rejected(case(b), "conv_add_relu",
+                                "residual shape [1, 4, 1, 1] differs from the conv output shape [1, 4, 3, 5]",
+                                nodes=["conv", "add", "relu"])
     # Add+Relu of two run-time tensors is then add_relu's
     assert [m.pattern_id for m in report.fused] == ["add_relu"]
 
@@ -507,7 +510,8 @@ def test_conv_add_relu_residual_of_other_rank_is_rejected():
 CONV_PROBLEMS = {  # problem: (dtype, conv rank, weight is a graph input, auto_pad, residual shape, reason)
     "weight_input": (np.float32, 2, True, None, [1, 4, 3, 5], "Conv weight 'W' is not a constant"),
     "conv_1d": (np.float32, 1, False, None, [1, 4, 3], "only 2-D convolutions are fused (weight rank 3)"),
-    "auto_pad_same_upper": (np.float32, 2, False, "SAME_UPPER", [1, 4, 5, 7], "Conv auto_pad=SAME_UPPER is not supported"),
+    "auto_pad_same_upper": (np.float32, 2, False, "SAME_UPPER", [1, 4, 5, 7],
+                            "Conv auto_pad=SAME_UPPER is not supported"),
     "float16": (np.float16, 2, False, None, [1, 4, 3, 5], "no kernel for dtype float16"),
 }
 
@@ -892,7 +896,8 @@ def hardswish_general_constants():
     c = b.op("Clip", [a, b.init(np.float32(-1)), b.init(np.float32(4))], name="clip")
     d = b.op("Div", [c, b.init(np.float32(5))], name="div")
     b.output(b.op("Mul", [x, d], name="mul"))
-    return case(b, ("hardswish", ["add", "clip", "div", "mul"]), attrs=[{"add": 2.0, "lo": -1.0, "hi": 4.0, "div": 5.0}])
+    return case(b, ("hardswish", ["add", "clip", "div", "mul"]),
+                attrs=[{"add": 2.0, "lo": -1.0, "hi": 4.0, "div": 5.0}])
 
 
 @pytest.mark.parametrize("build", [
@@ -1539,7 +1544,8 @@ def _intermediate_case(kind: str, use: str):
 MISSING_REASON = None  # was an xfail: near misses are now explained by the rewriter's relaxed pass
 INTERMEDIATE_KINDS = {
     "conv_relu": MISSING_REASON, "conv_silu": MISSING_REASON, "conv_add_relu": MISSING_REASON,
-    "gemm_relu": MISSING_REASON, "matmul_add_relu": MISSING_REASON, "gemm_gelu_erf_input": None, "gemm_gelu_erf_inner": MISSING_REASON,
+    "gemm_relu": MISSING_REASON, "matmul_add_relu": MISSING_REASON, "gemm_gelu_erf_input": None,
+    "gemm_gelu_erf_inner": MISSING_REASON,
     "add_relu": MISSING_REASON, "hardswish_hardsigmoid": MISSING_REASON, "hardswish_decomposed": MISSING_REASON,
     "silu": MISSING_REASON,
 }
@@ -1559,7 +1565,7 @@ def test_intermediate_in_use_is_not_fused_and_still_computed(kind, use):
 @pytest.mark.parametrize("use", ["graph_output", "consumer"])
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=m) if m else k for k, m in INTERMEDIATE_KINDS.items()])
 def test_intermediate_in_use_rejection_reason(kind, use):
-    """The report says why the candidate was not fused (DESIGN §7: the matcher says why)."""
+    """The report says why the candidate was not fused (docs/ARCHITECTURE.md §4: the matcher says why)."""
     c, pid, tensor, _nodes = _intermediate_case(kind, use)
     want = f"intermediate tensor '{tensor}' is a graph output" if use == "graph_output" else \
         f"intermediate tensor '{tensor}' has another consumer (other)"
@@ -1684,14 +1690,16 @@ def test_conv_weights_stored_float16_with_cast_and_unsqueezed_bias():
 
 
 SYMBOLIC = {
-    "conv_add_relu": lambda b: b.op("Relu", [b.op("Add", [conv(b, b.input("x", ["N", 3, "H", "W"], feed_shape=[2, 3, 6, 5]), 3, 2),
-                                                          b.input("r", ["N", 2, "H2", "W2"], feed_shape=[2, 2, 4, 3])],
-                                                  name="add")], name="relu"),
-    "gemm_relu_gelu": lambda b: epi_gelu_erf_torch(b, b.op("Add", [b.op("MatMul", [b.input("x", ["B", "S", 5]), b.init(b.weight((5, 3)))],
-                                                                         name="mm"), b.init(b.weight(3))], name="bias"), "")[0],
-    "add_relu": lambda b: b.op("Relu", [b.op("Add", [b.input("x", ["N", 5]), b.input("y", [5])], name="add")], name="relu"),
-    "eltwise_chain": lambda b: b.op("Tanh", [b.op("Mul", [b.input("x", ["N", 5]), b.input("y", ["M", 5], feed_shape=[1, 5])],
-                                                  name="mul")], name="tanh"),
+    "conv_add_relu": lambda b: b.op("Relu", [b.op(
+        "Add", [conv(b, b.input("x", ["N", 3, "H", "W"], feed_shape=[2, 3, 6, 5]), 3, 2),
+                b.input("r", ["N", 2, "H2", "W2"], feed_shape=[2, 2, 4, 3])], name="add")], name="relu"),
+    "gemm_relu_gelu": lambda b: epi_gelu_erf_torch(b, b.op("Add", [
+        b.op("MatMul", [b.input("x", ["B", "S", 5]), b.init(b.weight((5, 3)))], name="mm"), b.init(b.weight(3))],
+        name="bias"), "")[0],
+    "add_relu": lambda b: b.op("Relu", [b.op("Add", [b.input("x", ["N", 5]), b.input("y", [5])], name="add")],
+                               name="relu"),
+    "eltwise_chain": lambda b: b.op("Tanh", [b.op(
+        "Mul", [b.input("x", ["N", 5]), b.input("y", ["M", 5], feed_shape=[1, 5])], name="mul")], name="tanh"),
 }
 
 
@@ -1751,8 +1759,9 @@ SPECIAL_CASES = {
     "hardswish_decomposed": lambda b, x: epi_hardswish_div_mul(b, x, "")[0],
     "add_relu": lambda b, x: b.op("Relu", [b.op("Add", [x, b.op("Neg", [x], name="neg")], name="add")], name="relu"),
     **{f"gemm_{name}": _special_gemm(name) for name in GEMM_EPILOGUES},
-    "conv_relu": lambda b, x: b.op("Relu", [conv(b, b.op("Reshape", [x, b.init(np.array([1, 1, 1, 13], np.int64))],
-                                                          name="img"), 1, 2, k=(1, 3), pads=[0, 1, 0, 1])], name="relu"),
+    "conv_relu": lambda b, x: b.op("Relu", [conv(
+        b, b.op("Reshape", [x, b.init(np.array([1, 1, 1, 13], np.int64))], name="img"), 1, 2, k=(1, 3),
+        pads=[0, 1, 0, 1])], name="relu"),
 }
 SPECIAL_BUGS: dict = {}  # chain_pow0.5 was one: the reference now follows C pow for a -inf base
 
@@ -1817,7 +1826,8 @@ def test_long_vectors_are_inferred_without_data_propagation(length, monkeypatch)
     real = onnx.shape_inference.infer_shapes
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
                         lambda model, **kw: used.append(kw.get("data_prop", False)) or real(model, **kw))
-    nodes = [helper.make_node("Add", ["A", "B"], ["S"], name="add"), helper.make_node("Relu", ["S"], ["Y"], name="relu")]
+    nodes = [helper.make_node("Add", ["A", "B"], ["S"], name="add"),
+             helper.make_node("Relu", ["S"], ["Y"], name="relu")]
     model = helper.make_model(helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [length]) for n in "AB"],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [length])]), opset_imports=[helper.make_opsetid("", 17)])
@@ -1829,6 +1839,7 @@ def test_long_vectors_are_inferred_without_data_propagation(length, monkeypatch)
     feeds = {n: rng.standard_normal(length).astype(np.float32) for n in "AB"}
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    want = onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    stock = onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = stock.run(None, feeds)[0]
     got = ortfuse.InferenceSession(model, fusion=True, fusion_patterns=["add_relu"]).run(None, feeds)[0]
     np.testing.assert_array_equal(got, want)

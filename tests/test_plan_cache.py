@@ -5,16 +5,18 @@ request, the environment, ortfuse's code or the auto decisions plans again."""
 from __future__ import annotations
 
 import os
+import pathlib
 import warnings
 
 import numpy as np
 import onnx
-import pytest
-from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
-
 import onnxruntime
+import pytest
+
 import ortfuse
 from ortfuse.runtime import plan_cache
+
+from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +60,22 @@ def test_second_session_uses_the_cached_plan_without_parsing(model_path, monkeyp
     assert first._model_path == second._model_path
 
 
+def test_a_cache_hit_in_a_new_process_imports_neither_onnx_nor_the_rewriter(model_path):
+    """The plan cache's point: a session whose plan is cached costs what a stock session costs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ortfuse\n"
+            f"s = ortfuse.InferenceSession({model_path!r}, fusion=True)\n"
+            "assert any(n.startswith(\"plan read from ortfuse's cache\") for n in s.fusion_report.notes)\n"
+            "loaded = [m for m in ('onnx', 'ortfuse.fusion.rewrite', 'ortfuse.tune.tuner') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
+    ortfuse.InferenceSession(model_path, fusion=True)  # fills the cache
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
 def test_bytes_input_is_keyed_by_content(model_path):
-    data = open(model_path, "rb").read()
+    data = pathlib.Path(model_path).read_bytes()
     ortfuse.InferenceSession(data, fusion=True)
     assert _cached(ortfuse.InferenceSession(data, fusion=True).fusion_report)
     other = ffn_matmul_add_relu(seed=5).SerializeToString()
@@ -163,7 +179,8 @@ def test_code_digest_is_the_same_in_every_process():
     import subprocess
     import sys
 
-    digests = {subprocess.run([sys.executable, "-c", "from ortfuse.runtime import plan_cache; print(plan_cache._code_digest())"],
+    code = "from ortfuse.runtime import plan_cache; print(plan_cache._code_digest())"
+    digests = {subprocess.run([sys.executable, "-c", code],
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
                               check=True).stdout.strip() for seed in (0, 1, 2, 3)}
     assert digests == {plan_cache._code_digest()}

@@ -10,8 +10,9 @@ import onnxruntime
 import pytest
 
 import ortfuse
-from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 from ortfuse import session
+
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
 
 def test_unavailable_accelerator_falls_back_to_cpu_and_fuses():
@@ -44,7 +45,8 @@ def test_available_accelerator_first_makes_fusion_step_aside(monkeypatch, provid
 
 
 def test_session_with_an_accelerator_first_runs_the_original_model(monkeypatch):
-    monkeypatch.setattr(session._ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(session._ort, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     model = ffn_matmul_add_relu()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ours: fusion requested but not applied; ORT's: CUDA missing here

@@ -10,9 +10,10 @@ import onnxruntime
 import pytest
 
 import ortfuse
-from model_fixtures import ffn_inputs, ffn_matmul_add_relu
-from ortfuse import session
 from ortfuse.kernels import registry
+from ortfuse.runtime import op_registration
+
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def fresh_registry(monkeypatch):
 
 
 def test_reference_kernel_exists_for_every_op():
-    from ortfuse.custom_ops.specs import SPECS
+    from ortfuse.fusion.catalogue import SPECS
 
     for op in SPECS:
         sel = registry.select(op, prefer="reference")
@@ -52,7 +53,8 @@ def test_dtype_without_kernel_is_a_reason_not_a_crash():
     assert half.kernel is None or (half.kernel.path == "native" and half.kernel.op_type == "FusedAddReluF16")
 
 
-@pytest.mark.parametrize("override, expected", [("amx-tile,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2", "amx"),
+@pytest.mark.parametrize("override, expected", [("amx-tile,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2",
+                                                 "amx"),
                                                 ("avx2,avx,fma,sse4.2,sse2", "avx2"), ("sse2", "generic")])
 def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, override, expected):
     """Selection logic with an overridden feature set: an AMX kernel (a test-only entry of another
@@ -61,6 +63,7 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
     from ortfuse.kernels import isa
 
     monkeypatch.setenv("ORTFUSE_ISA", override)
+    monkeypatch.setattr(registry, "_amx_unavailable_reason", lambda: None)  # as on an AMX host that grants it
     isa.refresh()
     try:
         amx = registry.Kernel("FusedGemmAct", "native", ("amx",), ("bfloat16",), 20)
@@ -78,10 +81,11 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
 def test_unavailable_native_path_warns_once_and_uses_kernels_without_native_ops(monkeypatch):
     from ortfuse.custom_ops import registration
 
-    monkeypatch.setattr(registration, "register_native", lambda so, names, python_ops=True: False)
+    monkeypatch.setattr(registration, "register_native", lambda so, names, reference_specs=(): False)
     monkeypatch.setattr(registration, "native_unavailable_reason", lambda names=(): "simulated: no symbol")
-    monkeypatch.setattr(session, "_warned", [False])
-    monkeypatch.setattr(session, "_default_options", {})  # options registered by earlier tests would skip the patch
+    monkeypatch.setattr(op_registration, "_warned", [False])
+    # options registered by earlier tests would skip the patch
+    monkeypatch.setattr(op_registration, "_default_options", {})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion=True)
@@ -102,10 +106,13 @@ def _add_relu_then_silu():
     """relu(x + y) then SiLU: two patterns with native kernels (FusedAddRelu, FusedSiLU)."""
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["r"], name="relu"),
-             helper.make_node("Sigmoid", ["r"], ["g"], name="sig"), helper.make_node("Mul", ["r", "g"], ["z"], name="mul")]
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Sigmoid", ["r"], ["g"], name="sig"),
+             helper.make_node("Mul", ["r", "g"], ["z"], name="mul")]
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 7]) for n in ("x", "y", "z")]
-    model = helper.make_model(helper.make_graph(nodes, "g", vi[:2], vi[2:]), opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(helper.make_graph(nodes, "g", vi[:2], vi[2:]),
+                              opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     rng = np.random.default_rng(0)
     return model, {k: rng.standard_normal((3, 7)).astype(np.float32) for k in ("x", "y")}
@@ -124,7 +131,8 @@ def test_reused_options_leave_matches_needing_new_native_ops_to_ort():
         with pytest.warns(UserWarning, match="registered before without FusedSiLU"):
             second = ortfuse.InferenceSession(model, so, fusion=True)
     assert second.fusion_report.fused == [], second.fusion_report.table()
-    assert any("only fusions lowered to ORT's own ops" in n for n in second.fusion_report.notes), second.fusion_report.notes
+    notes = second.fusion_report.notes
+    assert any("only fusions lowered to ORT's own ops" in n for n in notes), notes
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
     np.testing.assert_allclose(second.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-6)
     same = ortfuse.InferenceSession(model, so, fusion=True, fusion_patterns=["add_relu"])  # what it has: native

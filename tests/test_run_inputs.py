@@ -13,10 +13,11 @@ import warnings
 import numpy as np
 import onnxruntime
 import pytest
-from model_fixtures import ffn_matmul_add_relu
 from onnx import TensorProto, helper
 
 import ortfuse
+
+from model_fixtures import ffn_matmul_add_relu
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -62,7 +63,8 @@ def chain():
 
 
 MODELS = {"ffn": ffn_matmul_add_relu, "add_relu": add_relu, "hardswish": hardswish, "silu": silu, "chain": chain}
-PATTERN = {"ffn": "add_relu", "add_relu": "add_relu", "hardswish": "hardswish", "silu": "silu", "chain": "eltwise_chain"}
+PATTERN = {"ffn": "add_relu", "add_relu": "add_relu", "hardswish": "hardswish", "silu": "silu",
+           "chain": "eltwise_chain"}
 
 
 def _feeds(name, shape, rng, fill=None):
@@ -109,7 +111,8 @@ def _assert_matches(got, ref):
         assert np.array_equal(np.isnan(g), np.isnan(r)), "NaN in other places than ORT's"
 
 
-SHAPES = [(2, 5), (1, 1), (7, 3), (33, 17), (1, 300), (4, 1), (3, 5)]  # the first is not "the load shape": none is fixed
+# the first is not "the load shape": none is fixed
+SHAPES = [(2, 5), (1, 1), (7, 3), (33, 17), (1, 300), (4, 1), (3, 5)]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -237,7 +240,7 @@ def test_bad_feeds_raise_like_stock(sessions, name, case):
 @pytest.mark.parametrize("name", ["add_relu", "chain", "chain_reference"])
 def test_shapes_that_do_not_broadcast_raise_like_stock(sessions, name):
     """Symbolic dims that disagree at run time reach the fused kernel (native status, or the numpy
-    reference, whose error used to abort the process): stock ORT's exception class, then good runs."""
+    reference, whose error would abort the process unguarded): stock ORT's exception class, then good runs."""
     stock, ref, fused = sessions[name]
     bad = {"x": np.ones((2, 3), np.float32), "y": np.ones(4, np.float32)}
     with pytest.raises(Exception) as theirs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import threading
 
 import numpy as np
@@ -13,6 +14,7 @@ import onnxruntime
 import pytest
 
 import ortfuse
+
 from model_fixtures import annotated, external_weight_not_on_disk, ffn_inputs, ffn_matmul_add_relu
 
 ATOL = 1e-5
@@ -221,7 +223,7 @@ def test_profiling(variant, tmp_path):
     stock.run(None, feeds)
     ours.run(None, feeds)
     files = [stock.end_profiling(), ours.end_profiling()]
-    events = [json.load(open(f)) for f in files]
+    events = [json.loads(pathlib.Path(f).read_text()) for f in files]
     assert all(os.path.basename(f).startswith(p) for f, p in zip(files, ("stock", "ours")))
     kinds = [{e.get("cat") for e in ev} for ev in events]
     assert kinds[1] == kinds[0] and "Node" in kinds[0]

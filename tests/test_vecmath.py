@@ -14,6 +14,7 @@ import re
 import numba
 import numpy as np
 import pytest
+
 from ortfuse.custom_ops import vecmath
 from ortfuse.custom_ops.vecmath import (
     MAX_ULP,
@@ -26,7 +27,6 @@ from ortfuse.custom_ops.vecmath import (
     tanh_f32,
     ulp_error,
 )
-
 from ortfuse.kernels import isa
 
 F32 = np.float32
@@ -249,7 +249,8 @@ def test_every_isa_variant_within_the_bounds(target, tmp_path):
             "print(json.dumps({n: v.ulp_sweep(n, 4099)[::2] for n in v.MAX_ULP}))")
     env = {**os.environ, **isa.numba_env(target), "NUMBA_CACHE_DIR": str(tmp_path)}
     env.pop("ORTFUSE_ISA", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, (worst, mismatches) in result.items():

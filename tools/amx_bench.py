@@ -3,17 +3,22 @@ MatMul + Add + Relu subgraph at ORT_ENABLE_ALL (ORT fuses it into Gemm/FusedGemm
 
 Configurations per shape and thread count: ``ort`` (stock), ``ort_control`` (a second stock session:
 the A/A noise floor of the same run) and ``amx`` (ortfuse with ``ortfuse.precision=bf16``; its
-report must name the AMX kernel). Single runs interleaved with ``bench_measure.measure`` (A B C C B A
-and Williams-rotated rounds), intra-op spinning off for all, ``--repeats`` repeats, medians.
+report must name the AMX kernel). Single runs interleaved with ``ortfuse.bench.protocol.measure``
+(A B C C B A and Williams-rotated rounds), intra-op spinning off for all, ``--repeats`` repeats,
+medians (docs/ARCHITECTURE.md §8). ``--json PATH`` writes the raw latencies, protocol, environment
+(load average before and after) and the table's rows, by convention to
+``benchmarks/results/amx_bench-<shapes>-<date>.json``. Needs a CPU with AMX.
 
     python tools/amx_bench.py [--shapes 1x1024x1024,64x4096x4096] [--threads 1,2] [--runs 15] [--repeats 5]
+                              [--json benchmarks/results/amx_bench-64x4096x4096-<date>.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import statistics
+import sys
 
 import numpy as np
 import onnx
@@ -21,8 +26,11 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse.bench_measure import measure, p50_per_repeat, ratio
+from ortfuse.bench.environment import environment, load_average
+from ortfuse.bench.protocol import measure, p50_per_repeat, ratio
+from ortfuse.runtime.files import write_atomic
 
+WARMUP = 3
 DEFAULT_SHAPES = "1x1024x1024,64x1024x1024,1x4096x4096,64x4096x4096,64x512x1024,1024x1024x1024"
 
 
@@ -65,14 +73,14 @@ def bench(m: int, k: int, n: int, threads: int, runs: int, repeats: int) -> dict
     rel = float(np.max(np.abs(y_amx - y_ort)) / max(1e-30, float(np.max(np.abs(y_ort)))))
     runners = {"ort": lambda: stock.run(None, feeds), "ort_control": lambda: control.run(None, feeds),
                "amx": lambda: amx.run(None, feeds)}
-    lat = measure(runners, runs=runs, repeats=repeats, warmup=3)
+    lat = measure(runners, runs=runs, repeats=repeats, warmup=WARMUP)
     flop = 2.0 * m * k * n
     p50 = {name: statistics.median(p50_per_repeat(v)) for name, v in lat.items()}
     return {"shape": f"{m}x{k}x{n}", "threads": threads,
             "ort_ms": p50["ort"], "amx_ms": p50["amx"],
             "ort_gflops": flop / p50["ort"] / 1e6, "amx_gflops": flop / p50["amx"] / 1e6,
             "amx_over_ort": ratio(lat["amx"], lat["ort"]), "control": ratio(lat["ort_control"], lat["ort"]),
-            "max_rel_diff": rel}
+            "max_rel_diff": rel, "latencies_ms": lat}
 
 
 def main(argv=None) -> int:
@@ -81,18 +89,31 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", metavar="PATH", help="write the raw results as JSON to PATH")
     args = ap.parse_args(argv)
-    print(f"load average before: {os.getloadavg()}")
+    load_before = load_average()
+    print(f"load average before: {load_before}")
+    rows = []
     print(f"{'shape':>16} {'thr':>3} {'ORT ms':>9} {'AMX ms':>9} {'ORT GF/s':>9} {'AMX GF/s':>9} "
           f"{'AMX/ORT':>8} {'A/A':>6} {'max|d|/max|y|':>13}")
     for threads in (int(t) for t in args.threads.split(",")):
         for shape in args.shapes.split(","):
             m, k, n = (int(v) for v in shape.split("x"))
             r = bench(m, k, n, threads, args.runs, args.repeats)
+            rows.append(r)
             print(f"{r['shape']:>16} {threads:>3} {r['ort_ms']:>9.3f} {r['amx_ms']:>9.3f} {r['ort_gflops']:>9.1f} "
                   f"{r['amx_gflops']:>9.1f} {r['amx_over_ort']:>8.3f} {r['control']:>6.3f} {r['max_rel_diff']:>13.2e}",
                   flush=True)
-    print(f"load average after: {os.getloadavg()}")
+    load_after = load_average()
+    print(f"load average after: {load_after}")
+    if args.json:
+        env = {**environment(), "load_average_before": load_before, "load_average_after": load_after}
+        doc = {"tool": "amx_bench", "argv": argv if argv is not None else sys.argv[1:],
+               "protocol": {"runs": args.runs, "repeats": args.repeats, "warmup": WARMUP, "spinning": "off",
+                            "graph_optimization_level": "ORT_ENABLE_ALL"},
+               "environment": env, "results": rows}
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

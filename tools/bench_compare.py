@@ -3,10 +3,10 @@
     python tools/bench_compare.py before.json after.json
 
 Absolute latencies of two separate runs on a shared machine are not comparable (load changes between
-them; DESIGN.md §6b). What is comparable is each run's *own* ratio against stock ORT_ENABLE_ALL,
-measured interleaved in that run, together with that run's A/A control. So for every (model, batch,
-config) present in both files this prints both ratios, their A/A controls, and the change of ratio;
-the p50 columns are there for orientation only.
+them; docs/ARCHITECTURE.md §8). What is comparable is each run's *own* ratio against stock
+ORT_ENABLE_ALL, measured interleaved in that run, together with that run's A/A control. So for every
+(model, batch, config) present in both files this prints both ratios, their A/A controls, and the
+change of ratio; the p50 columns are there for orientation only.
 """
 
 from __future__ import annotations

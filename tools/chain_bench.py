@@ -2,10 +2,11 @@
 
     python tools/chain_bench.py [--chain tanh|relu] [--sizes 16777216 65536] [--runs 15] [--repeats 5]
 
-Chain: Y = act(X * 1.702 + b) * 0.5, b of the last dim (1024), act = Tanh or Relu. Protocol of ``ortfuse.bench_measure``
-(DESIGN.md §6b): single runs interleaved (A B B A, Williams-rotated for three configurations), a
-median per repeat, the ratio the median over repeats; ``ort_control`` is a second stock session, the
-A/A noise floor of the same run. Default SessionOptions for every session (ORT's threads, spinning on).
+Chain: Y = act(X * 1.702 + b) * 0.5, b of the last dim (1024), act = Tanh or Relu. Protocol of
+``ortfuse.bench.protocol`` (docs/ARCHITECTURE.md §8): single runs interleaved (A B B A,
+Williams-rotated for three configurations), a median per repeat, the ratio the median over repeats;
+``ort_control`` is a second stock session, the A/A noise floor of the same run. The stock sessions
+run at ORT_ENABLE_ALL, every session with ORT's threads and spinning.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse.bench_measure import measure, p50_per_repeat, ratio
+from ortfuse.bench.protocol import measure, p50_per_repeat, ratio
+from ortfuse.runtime.session_options import make_options
 
 WIDTH = 1024
 
@@ -47,8 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     data = chain_model(args.chain.capitalize()).SerializeToString()
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so = make_options("ORT_ENABLE_ALL")
     stock_a = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     stock_b = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     fused = ortfuse.InferenceSession(data, providers=["CPUExecutionProvider"], fusion=True,

@@ -55,10 +55,10 @@ def _numba_functions() -> dict[str, dict]:
                     "signatures": len(obj.signatures),
                     "compiled": sum(obj._cache_misses.values()), "loaded": sum(obj._cache_hits.values())}
     try:
-        from ortfuse.custom_ops import native
+        from ortfuse.custom_ops.native import lifetime
     except ImportError:
         return found
-    for fn, cf in list(native._compiled.items()):  # cfuncs: compute callbacks and workers
+    for fn, cf in list(lifetime.COMPILED.items()):  # cfuncs: compute callbacks and workers
         found[f"cfunc {fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"] = {
             "signatures": 1, "compiled": int(cf.cache_hits == 0), "loaded": cf.cache_hits}
     return found
@@ -70,12 +70,10 @@ def child(model_path: str, fusion: str, threads: int) -> dict:
 
     import ortfuse
     t_import = time.perf_counter() - t0
+    from ortfuse.runtime.session_options import make_options
 
     def options():
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = threads
-        return so
+        return make_options("ORT_ENABLE_ALL", threads=threads)
 
     providers = ["CPUExecutionProvider"]
     out = {"import_s": t_import}
@@ -95,9 +93,9 @@ def child(model_path: str, fusion: str, threads: int) -> dict:
     out["kernels"] = sorted({m.kernel for m in report.fused})
     out["notes"] = report.notes
     try:
-        from ortfuse.custom_ops import native
+        from ortfuse.custom_ops.native.install import registered_ops
 
-        out["native_registered"] = native.registered_ops()
+        out["native_registered"] = registered_ops()
     except ImportError:
         out["native_registered"] = []
     out["numba_functions"] = _numba_functions()

@@ -122,8 +122,9 @@ def replay_main(seed: int | None, paths: list[str] | None) -> int:
     """Run the case (or each saved case) here and print what happened; exit 0 unless one is a mismatch."""
     if paths and len(paths) > 1:
         return max(replay_main(None, [p]) for p in paths)
-    import mutation_models as mm
     import onnx
+
+    import mutation_models as mm
 
     _quiet_ort()
     path = paths[0] if paths else None

@@ -10,8 +10,8 @@ Usage::
 
 Main table (default): the native custom ops as users run them. For each case, size and intra-op
 thread count, three ORT sessions run in the same process with the same thread count, each by IO
-binding into a preallocated output, single runs interleaved (DESIGN.md §6b, ``ortfuse.bench_measure``:
-Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
+binding into a preallocated output, single runs interleaved (docs/ARCHITECTURE.md §8,
+``ortfuse.bench.protocol``: Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 
 - ``ort``: the unfused subgraph (HardSwish as Add->Clip->Div->Mul, SiLU as Sigmoid->Mul, MatMul+Add
   +activation, ...) at ORT_ENABLE_ALL (ORT's own fusions apply);
@@ -22,7 +22,8 @@ Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 
 Cases: FusedHardSwish, FusedSiLU, FusedAddRelu (equal shapes and a [M, 1024] + [1024] broadcast),
 FusedEltwiseChain<k> (two 3-op chains; only when a native chain kernel is registered in this
-process), the float16 kernels (``*_f16``: the same subgraphs on float16 tensors against ORT's float16 ops), FusedGemmAct with each epilogue (none, relu, gelu, gelu_tanh, silu) at a small and a
+process), the float16 kernels (``*_f16``: the same subgraphs on float16 tensors against ORT's
+float16 ops), FusedGemmAct with each epilogue (none, relu, gelu, gelu_tanh, silu) at a small and a
 BERT-FFN-sized shape. Reported: median latencies, ``fused/ort`` and ``ort_aa/ort`` (median over
 repeats of the ratio of per-repeat medians), and the fused op's rate against a peak measured in the
 same run at the same thread count: GB/s (bytes of all inputs and the output, like STREAM, no
@@ -30,7 +31,7 @@ write-allocate traffic) against copies of that size timed in the same interleave
 case: ORT's Identity and numpy's copyto (both memcpy, which switches to non-temporal stores above
 a size threshold: no read-for-ownership of the output lines), a numba loop with plain stores
 (serial at 1 thread, prange at more; STREAM's Copy as compilers build it) and a numba loop with
-non-temporal stores. Two columns: % of the best of them, and % of the plain-store loop. GFLOP/s
+non-temporal stores (``copy_loops.py``). Two columns: % of the best of them, and % of the plain-store loop. GFLOP/s
 against ORT's 1024^3 MatMul timed before the GEMM cases. The load average is printed before and
 after: on a shared machine other processes change everything.
 
@@ -50,77 +51,40 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "tools"):  # run from a checkout without installing; copy_loops beside this file
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from ortfuse.custom_ops import native
-from ortfuse.custom_ops.kernels import eltwise as E
-from ortfuse.custom_ops.registration import native_unavailable_reason, register_native
-from ortfuse.custom_ops.specs import DOMAIN
 
-from ortfuse.bench_measure import measure, ratio
+from ortfuse.bench.protocol import measure, ratio
+from ortfuse.custom_ops.native import threads as native_threads
+from ortfuse.custom_ops.numba_setup import configure_numba
+from ortfuse.custom_ops.registration import native_op_table, native_unavailable_reason, register_native
+
+configure_numba()  # before kernels.eltwise is imported: it starts numba's threads
+from ortfuse.custom_ops.kernels import eltwise as E
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.runtime.session_options import make_options
+
+from bench_graphs import _const, _model, act_nodes
+from copy_loops import _copy, _nt_copy, _par_copy, _par_nt_copy, copy_bandwidth
 
 F32 = np.float32
 BCAST_N = 1024  # the last dim of the broadcast cases
 
 
 # ---------------------------------------------------------------------------------------------
-# the unfused subgraphs
+# the unfused subgraphs (the activations as exporters write them: bench_graphs.py)
 # ---------------------------------------------------------------------------------------------
-
-def _const(name, value):
-    return numpy_helper.from_array(np.asarray(value, dtype=F32), name)
-
-
-def _model(nodes, inputs, inits, opset=17, out_shape=None, domains=()):
-    """A checked model of ``nodes``; output ``Y`` has ``out_shape`` (default: the first input's)."""
-    graph = helper.make_graph(
-        nodes, "bench",
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape or inputs[0][1])],
-        initializer=inits)
-    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
-
-
-def act_nodes(kind: str, x: str, y: str):
-    """(nodes, initializers) computing activation ``kind`` of tensor ``x`` into ``y`` as exporters
-    write it unfused: relu, gelu (erf form), gelu_tanh (tanh form), silu (Sigmoid, Mul); "" = Identity."""
-    mk = helper.make_node
-    if kind == "relu":
-        return [mk("Relu", [x], [y])], []
-    if kind == "silu":
-        return [mk("Sigmoid", [x], [x + "_s"]), mk("Mul", [x, x + "_s"], [y])], []
-    if kind == "gelu":
-        return ([mk("Div", [x, "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["p"]),
-                 mk("Mul", [x, "p"], ["m"]), mk("Mul", ["m", "half"], [y])],
-                [_const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5)])
-    if kind == "gelu_tanh":
-        return ([mk("Mul", [x, x], ["x2"]), mk("Mul", ["x2", x], ["x3"]), mk("Mul", ["x3", "k"], ["kx3"]),
-                 mk("Add", [x, "kx3"], ["s"]), mk("Mul", ["s", "c"], ["u"]), mk("Tanh", ["u"], ["t"]),
-                 mk("Add", ["t", "one"], ["p"]), mk("Mul", [x, "p"], ["m"]), mk("Mul", ["m", "half"], [y])],
-                [_const("k", 0.044715), _const("c", np.sqrt(2.0 / np.pi)), _const("one", 1.0),
-                 _const("half", 0.5)])
-    if kind == "":
-        return [mk("Identity", [x], [y])], []
-    raise KeyError(kind)
-
 
 def build(kernel: str, n: int, pm: int = E.PARALLEL_MIN):
     """(ONNX model, {input: array}, fused callable(out), bytes moved) for ``kernel`` on n elements,
@@ -182,11 +146,7 @@ KERNELS = ["relu", "clip", "add_relu", "add_relu_bcast", "hardswish", "silu", "g
 def session(model, spin: bool, threads: int = 0, native_op: str = ""):
     """An ORT session at ORT_ENABLE_ALL with ``threads`` intra-op threads (0: ORT's default); with
     ``native_op`` that op's native kernel is registered first (``registration.register_native``)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so = make_options("ORT_ENABLE_ALL", threads=threads, spinning=spin)
     if native_op and not register_native(so, [native_op]):
         raise RuntimeError(f"native {native_op} unavailable: {native_unavailable_reason([native_op])}")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -204,50 +164,6 @@ def bound(sess, feeds, out: np.ndarray):
 def ort_runner(model, feeds, out: np.ndarray, spin: bool, threads: int = 0, native_op: str = ""):
     """Run ``model`` by IO binding into ``out`` (the shape of the model's output)."""
     return bound(session(model, spin, threads, native_op), feeds, out)
-
-
-# ---------------------------------------------------------------------------------------------
-# copy bandwidth
-# ---------------------------------------------------------------------------------------------
-
-_PLUS_ZERO = F32(0.0)
-
-
-@numba.njit(nogil=True, parallel=True)
-def _par_copy(src, dst):
-    """dst = src + 0 with plain stores, on numba's threads (see ``_copy``)."""
-    for i in numba.prange(src.size):
-        dst[i] = src[i] + _PLUS_ZERO
-
-
-@numba.njit(nogil=True)
-def _copy(src, dst):
-    """dst = src + 0: a copy loop with plain stores (STREAM's Copy as a compiler builds it), the
-    + 0 (one vaddps per vector, -0 -> +0) so that LLVM does not turn the loop into a call to memcpy,
-    which streams above a size threshold (the prange loop as dst[i] = src[i] reached 48.7 GB/s on
-    128M floats at 2 threads, as dst[i] = src[i] * 1.0000001 27.9)."""
-    for i in range(src.size):
-        dst[i] = src[i] + _PLUS_ZERO
-
-
-def copy_bandwidth(n: int, reps: int = 15) -> dict:
-    """STREAM-like copy: GB/s = 2 * 4 * n bytes / time (median of reps) of a serial numba loop, a
-    prange one and numpy's copyto; ``best`` is the highest."""
-    src = np.random.default_rng(1).standard_normal(n).astype(F32)
-    dst = np.empty_like(src)
-    _par_copy(src, dst)
-    _copy(src, dst)
-    res = {}
-    for name, fn in (("numba", lambda: _copy(src, dst)), ("numba_prange", lambda: _par_copy(src, dst)),
-                     ("numpy", lambda: np.copyto(dst, src))):
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter_ns()
-            fn()
-            ts.append((time.perf_counter_ns() - t0) / 1e9)
-        res[name] = 8 * n / statistics.median(ts) / 1e9
-    res["best"] = max(res.values())
-    return res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +248,8 @@ def to_float16(model, feeds: dict):
     """The same model and feeds in float16 (inputs, output, initializers)."""
     for i, t in enumerate(model.graph.initializer):
         if t.data_type == TensorProto.FLOAT:
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+            half = numpy_helper.to_array(t).astype(np.float16)
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(half, t.name))
     for vi in [*model.graph.input, *model.graph.output]:
         vi.type.tensor_type.elem_type = TensorProto.FLOAT16
     onnx.checker.check_model(model)
@@ -393,64 +310,6 @@ def _medians(lat: dict) -> dict:
     return {k: statistics.median(statistics.median(rep) for rep in v) for k, v in lat.items()}
 
 
-@intrinsic
-def _stream16(typingctx, src, i, dst, j):
-    """dst[j:j+16] = src[i:i+16] as one 64-byte ``!nontemporal`` store (MOVNTPS: no read-for-ownership,
-    not kept in the caches); &dst[j] must be 64-byte aligned."""
-    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        vec = ir.VectorType(ir.FloatType(), 16).as_pointer()
-        s = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-        d = context.make_array(sig.args[2])(context, builder, value=args[2]).data
-        v = builder.load(builder.bitcast(builder.gep(s, [args[1]]), vec), align=4)
-        st = builder.store(v, builder.bitcast(builder.gep(d, [args[3]]), vec), align=64)
-        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-        return context.get_dummy_value()
-    return types.none(src, i, dst, j), codegen
-
-
-@intrinsic
-def _fence(typingctx):
-    """A seq_cst fence (MFENCE): the non-temporal stores before it are visible before what follows."""
-    def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
-        return context.get_dummy_value()
-    return types.none(), codegen
-
-
-@numba.njit(nogil=True)
-def _nt_copy_span(src, dst, dst_addr, s, c):
-    """dst[s:s+c] = src[s:s+c] (dst_addr = address of dst[0]): non-temporal stores for the whole
-    64-byte lines of dst, plain stores before and after them."""
-    k = min(c, ((-(dst_addr + 4 * s)) & 63) >> 2)
-    for h in range(s, s + k):
-        dst[h] = src[h]
-    while k + 16 <= c:
-        _stream16(src, s + k, dst, s + k)
-        k += 16
-    for t in range(s + k, s + c):
-        dst[t] = src[t]
-    _fence()
-
-
-@numba.njit(nogil=True)
-def _nt_copy(src, dst, dst_addr):
-    _nt_copy_span(src, dst, dst_addr, 0, src.size)
-
-
-@numba.njit(nogil=True, parallel=True)
-def _par_nt_copy(src, dst, dst_addr):
-    nblocks = (src.size + NT_COPY_BLOCK - 1) // NT_COPY_BLOCK
-    for b in numba.prange(nblocks):
-        s = b * NT_COPY_BLOCK
-        _nt_copy_span(src, dst, dst_addr, s, min(NT_COPY_BLOCK, src.size - s))
-
-
-NT_COPY_BLOCK = 1 << 16
-
-
 def copy_runners(n: int, threads: int, args) -> dict:
     """STREAM-like copies of n floats at ``threads`` (name -> callable), timed beside each case:
     ORT's Identity by IO binding (intra-op threads = threads), numpy's copyto (one thread), a numba
@@ -493,7 +352,7 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
     fused_run = ort_runner(fused, feeds, outs["fused"], spin, threads, op_type)
     runners = {"ort": ort_runner(unfused, feeds, outs["ort"], spin, threads),
                "ort_aa": ort_runner(unfused, feeds, outs["ort_aa"], spin, threads)}
-    default_mode = native.threading_settings()[0]
+    default_mode = native_threads.threading_settings()[0]
     runners["fused"] = _threaded(fused_run, default_mode) if args.fused_threading else fused_run
     for mode in args.fused_threading:  # the mode is read at run time: one session serves every mode
         if mode != default_mode:
@@ -505,7 +364,7 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
     fused_out, ref = outs["fused"].astype(np.float64), ref.astype(np.float64)
     diff = float(np.nanmax(np.abs(fused_out - ref) / (1e-3 + np.abs(ref)))) if ref.size else 0.0
     lat = measure(runners, runs=args.runs, repeats=args.repeats, warmup=2, gap_s=args.gap_ms / 1000)
-    native.set_threading(default_mode)
+    native_threads.set_threading(default_mode)
     med = _medians(lat)
     return {"op": op_type, "threads": threads, "ort_ms": med["ort"], "fused_ms": med["fused"],
             "ort_aa_ms": med["ort_aa"], "fused_over_ort": ratio(lat["fused"], lat["ort"]),
@@ -518,14 +377,14 @@ def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int,
 def _threaded(run, mode: str):
     """``run`` with the native ops' threading mode set to ``mode`` first (``native.set_threading``)."""
     def go():
-        native.set_threading(mode)
+        native_threads.set_threading(mode)
         run()
     return go
 
 
 def chain_available() -> bool:
     """Is a native FusedEltwiseChain kernel registered in NATIVE_OPS (another module may add it)?"""
-    return any(name.startswith("FusedEltwiseChain") for name in native.native_ops())
+    return any(name.startswith("FusedEltwiseChain") for name in native_op_table())
 
 
 def native_table(args, thread_counts, sizes, cases, gemm_acts) -> dict:
@@ -577,7 +436,8 @@ def _progress(row: dict, unit: str) -> None:
     print(f"  {row['kernel']:18s} {row['size']:>16s} {row['threads']} thr  ort {row['ort_ms']:8.3f} ms  fused "
           f"{row['fused_ms']:8.3f} ms  fused/ort {row['fused_over_ort']:.2f}  A/A {row['aa_control']:.2f}  "
           f"{rate:.1f} {unit} ({row['pct_peak']:.0f}%){'  copy GB/s: ' + copies if copies else ''}"
-          + "".join(f"  [{m}] {v['fused_ms']:.3f} ms {v['fused_over_ort']:.2f}" for m, v in row.get("variants", {}).items()),
+          + "".join(f"  [{m}] {v['fused_ms']:.3f} ms {v['fused_over_ort']:.2f}"
+                    for m, v in row.get("variants", {}).items()),
           file=sys.stderr, flush=True)
 
 
@@ -641,7 +501,8 @@ def dispatcher_table(kernels, args, env) -> dict:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['kernel']} | {_fmt_n(r['n'])} | {r['ort_ms']:.3f} | {r['fused_ms']:.3f} | "
-              f"{r['fused_over_ort']:.2f} | {r['aa_control']:.2f} | {r['fused_gbs']:.1f} | {r['fused_pct_copy']:.0f}% |")
+              f"{r['fused_over_ort']:.2f} | {r['aa_control']:.2f} | {r['fused_gbs']:.1f} | "
+              f"{r['fused_pct_copy']:.0f}% |")
     return {"env": env, "copy_gbs": {str(k): v for k, v in copy.items()}, "rows": rows}
 
 
@@ -699,7 +560,7 @@ def main(argv=None) -> int:
         acts = [("" if a == "none" else a) for a in args.gemm.split(",") if a]
         threads = [int(t) for t in args.threads.split(",") if t]
         result = native_table(args, threads, [args.small, args.large], cases, acts)
-        env["native_threading"] = native.threading_settings()
+        env["native_threading"] = native_threads.threading_settings()
         env["loadavg_after"] = os.getloadavg()
         result["env"] = env
         print(f"onnxruntime {env['onnxruntime']} ORT_ENABLE_ALL{' spinning off' if args.no_spin else ''}, "

@@ -1,5 +1,5 @@
-"""Time every kernel path of the conv and GEMM fused ops on the zoo's real shapes: the data behind
-``registry.LOWERED_PRIORITY``.
+"""Time every kernel path of the fused ops that have lowering forms (conv and GEMM) on the zoo's real
+shapes: the data behind the priorities each rule gives its lowering forms (``ortfuse.fusion.rules``).
 
 Usage::
 
@@ -21,12 +21,12 @@ run of the group model costs what those subgraphs cost in the whole model. Each 
   serves it, each the group rewritten by ``ortfuse.fuse(group, kernels=...)`` and run by
   ``ortfuse.InferenceSession`` at ORT_ENABLE_ALL.
 
-Single runs interleaved (``A B .. B A``, Williams-rotated; DESIGN.md §6b, ``ortfuse.bench_measure``),
+Single runs interleaved (``A B .. B A``, Williams-rotated; docs/ARCHITECTURE.md §8, ``ortfuse.bench.protocol``),
 ``--repeats`` times; printed per configuration: p50 ms and ``config/ort`` (median over repeats of
 the per-repeat p50 ratio), beside the A/A ratio. Every configuration's outputs are first checked
 against the group run by stock ORT at ORT_DISABLE_ALL (max |diff| printed). ORT sessions run with
 intra-op spinning off unless ``--spin`` (spinning pool threads of one session steal the core the
-next configuration runs on; DESIGN.md §6b).
+next configuration runs on; docs/ARCHITECTURE.md §8).
 """
 
 from __future__ import annotations
@@ -50,12 +50,14 @@ import onnxruntime as ort
 
 import ortfuse
 from ortfuse import models
-from ortfuse.kernels import registry
-from ortfuse.bench_measure import measure, ratio
-from ortfuse.custom_ops.specs import DOMAIN, spec_for_op_type
+from ortfuse.bench.protocol import measure, ratio
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion import catalogue
+from ortfuse.fusion.catalogue import spec_for_op_type
 from ortfuse.fusion.rewrite import fuse
+from ortfuse.kernels import registry
 
-PATTERNS = ("conv_add_relu", "conv_bn_relu", "gemm_relu_gelu")
+PATTERNS = tuple(rule.id for rule in catalogue.RULES if rule.lowering)  # the patterns with lowering forms
 DEFAULT_CASES = ("resnet50:1", "mobilenetv3_block:1", "mlp_gemm_relu_gelu:1", "mlp_gemm_relu_gelu:64", "bert_encoder:1")
 
 

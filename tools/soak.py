@@ -92,15 +92,12 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", choices=["native", "reference", "default"], default="native")
     args = p.parse_args(argv)
 
-    import onnxruntime
-
     import ortfuse
     from ortfuse import models
+    from ortfuse.runtime.session_options import make_options
 
     path = str(models.build(args.model))
-    so = onnxruntime.SessionOptions()
-    if args.threads:
-        so.intra_op_num_threads = args.threads
+    so = make_options(threads=args.threads)
     if args.kernels == "default":
         session = ortfuse.InferenceSession(path, so, fusion=True)
     else:
@@ -127,10 +124,12 @@ def main(argv=None) -> int:
             line = []
     if line:
         print("  " + "  ".join(line))
-    print(f"\n{result['runs']} runs in {result['seconds']:.1f} s ({1000 * result['seconds'] / result['runs']:.2f} ms/run); "
+    per_run_ms = 1000 * result["seconds"] / result["runs"]
+    print(f"\n{result['runs']} runs in {result['seconds']:.1f} s ({per_run_ms:.2f} ms/run); "
           f"measured after {result['warmup_runs']} warm-up runs")
     print(f"slope {result['slope_bytes_per_run']:.1f} bytes/run; projected growth over the measured runs "
-          f"{result['projected_growth_bytes'] / 2**20:.2f} MiB; largest rise {result['max_rise_bytes'] / 2**20:.2f} MiB; "
+          f"{result['projected_growth_bytes'] / 2**20:.2f} MiB; "
+          f"largest rise {result['max_rise_bytes'] / 2**20:.2f} MiB; "
           f"threshold {args.threshold_mib:.1f} MiB; output changes {result['output_mismatches']}")
     print(f"verdict: {result['verdict']}")
     return 0 if result["verdict"] == "FLAT" else 1

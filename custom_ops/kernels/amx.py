@@ -1,15 +1,25 @@
 """AMX tiles from numba: tile instructions as LLVM inline asm, the Linux tile-data permission, bf16
 conversion and packing, and the 32x32 bf16 GEMM micro-kernel of ``FusedGemmActBf16``
-(``custom_ops/native_amx.py``).
+(``custom_ops/native/ops/gemm_bf16.py``; docs/ARCHITECTURE.md §5).
+
+Micro-kernel interface. The op's driver (``gemm_bf16.gemm_compute`` / ``gemm_worker``) takes the
+micro-kernel as four numba functions, bound at compile time (arguments whose numba type is the
+function itself, so each call is a direct call, never through a pointer): ``request_tiles()``,
+``configure_tiles(cfg_addr, rows)``, ``tile_block(a_addr, a_stride, kp, rows, b0_addr, b1_addr,
+c_addr, c_stride)`` and ``release_tiles()``. This module has the AMX ones; ``amx_emulated.py`` has a model of the same
+instructions in plain numba, so the driver (packing, X conversion, block loops, tails, epilogue) runs
+and is tested on any x86-64 CPU.
 
 Instructions. Each tile instruction is an ``@intrinsic`` that emits one inline-asm call (llvmlite
 ``IRBuilder.asm``) with the tile register fixed in the text: ``ldtilecfg``, ``tilerelease``,
 ``tilezero``, ``tileloadd``, ``tilestored`` and ``tdpbf16ps``. They are marked side-effecting and
 clobber memory, so LLVM neither reorders nor drops them. numba's JIT never initialises LLVM's asm
-parser (inline asm then aborts the process: "we don't have an asm parser for this target"), so this
-module does (``llvmlite.binding.initialize_native_asmparser``) before anything is compiled. The
-mnemonics need a target with ``amx-tile``/``amx-bf16``: compile these kernels only on such a CPU (the
-registry and ``native_amx.unavailable_reason`` see to that).
+parser (inline asm then aborts the process: "we don't have an asm parser for this target"), so the
+intrinsics' code generation does (``llvmlite.binding.initialize_native_asmparser``, once) before
+anything with inline asm is compiled. The mnemonics need a target with ``amx-tile``/``amx-bf16``:
+compile these kernels only on such a CPU (the registry and ``gemm_bf16.unavailable_reason`` see to
+that), or for such a target (``isa.numba_env("amx")`` in a fresh process: compiles, must not run;
+tests/test_amx_codegen.py checks the instructions emitted so).
 
 Permission. Linux hands tile data to a process only after
 ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` (syscall 158, 0x1023, 18); the first tile
@@ -26,21 +36,23 @@ rows beyond M) and releases the tiles when done.
 
 Layouts:
 
-* X rows, converted per worker call: ``rows x Kp`` bf16 (uint16), row stride ``2 Kp + 64`` bytes
-  (``a_row_elems``: a 4 KiB-multiple stride would put a tile's 16 rows in one L1 set; measured
-  64x4096x4096: see tools/amx_bench.py), zero beyond K. ``Kp`` = K rounded up to 32.
+* X rows, converted once per call: ``rows x Kp`` bf16 (uint16), row stride ``2 Kp + 64`` bytes
+  (``a_row_elems``: a 4 KiB-multiple stride would put a tile's 16 rows in one L1 set; measure with
+  ``python tools/amx_bench.py --shapes 64x4096x4096``), zero beyond K. ``Kp`` = K rounded up to 32.
 * packed W (VNNI, "pair-interleaved"): per column tile of 16 columns a contiguous ``Kp/2 x 64``-byte
   matrix whose row p holds, for each of the 16 columns c, the two bf16 values W[2p, c], W[2p+1, c];
   zero beyond K and beyond N (``Np`` = N rounded up to 32). Column tile t starts at ``t * 32 Kp`` bytes.
 
 bf16 conversion is round-to-nearest-even on the float32 bits; NaN stays NaN (quiet bit set), Inf and
-overflow to Inf as RNE gives. ``tdpbf16ps`` itself treats bf16 denormal inputs as zero and flushes
-denormal results (Intel SDM), which is below any tolerance a bf16 user has.
+overflow to Inf as RNE gives; float32 subnormals round like any other value (to a bf16 subnormal or
+zero). ``tdpbf16ps`` itself treats bf16 denormal inputs as zero and flushes denormal results (Intel
+SDM), which is below any tolerance a bf16 user has.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import threading
 
@@ -50,9 +62,8 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from ortfuse.custom_ops.abi import int_to_voidptr
 
-_llvm.initialize_native_asmparser()  # inline asm needs it; numba does not do it (see docstring)
+from ortfuse.custom_ops.intrinsics import int_to_voidptr
 
 _I8P = ir.IntType(8).as_pointer()
 _I64 = ir.IntType(64)
@@ -65,7 +76,9 @@ BLOCK_COLS = 32       # columns of the micro-kernel (2 column tiles)
 CFG_BYTES = 64
 
 
-def round_up(v: int, m: int) -> int:
+@njit(cache=True)
+def round_up(v, m):
+    """v rounded up to a multiple of m (Python and numba)."""
     return (v + m - 1) // m * m
 
 
@@ -74,11 +87,22 @@ def round_up(v: int, m: int) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+_asm_parser: list = []
+
+
+def _asm_parser_ready():
+    """Initialise LLVM's asm parser for the host target, once (inline asm needs it; numba does not)."""
+    if not _asm_parser:
+        _llvm.initialize_native_asmparser()
+        _asm_parser.append(True)
+
+
 def _asm0(text):
     """An intrinsic ``f()`` emitting the fixed instruction ``text``."""
     @intrinsic
     def f(typingctx):
         def codegen(context, builder, sig, args):
+            _asm_parser_ready()
             builder.asm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", [], True)
             return context.get_dummy_value()
         return types.void(), codegen
@@ -90,6 +114,7 @@ def _asm_addr(text):
     @intrinsic
     def f(typingctx, addr):
         def codegen(context, builder, sig, args):
+            _asm_parser_ready()
             ptr = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), _I8P)
             builder.asm(ir.FunctionType(ir.VoidType(), [_I8P]), text, "r,~{memory}", [ptr], True)
             return context.get_dummy_value()
@@ -102,6 +127,7 @@ def _asm_addr_stride(text):
     @intrinsic
     def f(typingctx, addr, stride):
         def codegen(context, builder, sig, args):
+            _asm_parser_ready()
             ptr = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), _I8P)
             st = context.cast(builder, args[1], sig.args[1], types.int64)
             builder.asm(ir.FunctionType(ir.VoidType(), [_I8P, _I64]), text, "r,r,~{memory}", [ptr, st], True)
@@ -144,8 +170,6 @@ def _request_permission() -> str | None:
     rc = syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_REQ_XCOMP_PERM), ctypes.c_long(XFEATURE_XTILEDATA))
     if rc != 0:
         err = ctypes.get_errno()
-        import os
-
         return f"Linux refused the AMX tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(err)})"
     mask = ctypes.c_uint64(0)
     rc = syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_GET_XCOMP_PERM), ctypes.byref(mask))
@@ -155,7 +179,7 @@ def _request_permission() -> str | None:
 
 
 @intrinsic
-def request_tiles(typingctx):
+def _arch_prctl_request(typingctx):
     """``syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` from compiled code: 0 when
     this process may use tile data (asking again is harmless), else -1 (errno set). The op's compute
     calls it before its first tile instruction, so a model saved with the op never meets a SIGILL,
@@ -166,6 +190,12 @@ def request_tiles(typingctx):
         return builder.call(fn, [ir.Constant(_I64, SYS_ARCH_PRCTL), ir.Constant(_I64, ARCH_REQ_XCOMP_PERM),
                                  ir.Constant(_I64, XFEATURE_XTILEDATA)])
     return types.int64(), codegen
+
+
+@njit(nogil=True, cache=True)
+def request_tiles():
+    """Micro-kernel interface: 0 when this process may use tile data (``_arch_prctl_request``)."""
+    return _arch_prctl_request()
 
 
 def request_tile_permission() -> str | None:
@@ -194,8 +224,9 @@ def bf16_bits(b):
 
 
 def a_row_elems(kp: int) -> int:
-    """Row stride (bf16 elements) of the converted X rows: Kp plus one cache line, so that the 16 rows
-    of an A tile never share one L1 set (a stride of a multiple of 4 KiB, e.g. K = 4096, would)."""
+    """Row stride (bf16 elements) of the converted X rows: Kp plus one cache line, so that where Kp is
+    a multiple of 2048 (K = 4096, ...) the stride is no multiple of 4 KiB, which would put the 16 rows
+    of an A tile in one L1 set. (Kp = 2016 + 2048 j still gives a 4 KiB-multiple stride.)"""
     return kp + TILE_BYTES // 2
 
 
@@ -260,11 +291,21 @@ def write_config(cfg_addr, rows0, rows1):
 
 
 @njit(nogil=True, cache=True)
-def tile_block(a_addr, a_stride, kp, two_rows, b0_addr, b1_addr, c_addr, c_stride):
-    """C[rows, 32 cols] = A[rows, Kp] @ B (two packed column tiles), for the configured rows; A rows
-    are a_stride bytes apart; stores the C tiles at c_addr (row stride c_stride bytes; columns 16-31
-    at c_addr + 64; rows 16-31 at c_addr + 16 c_stride). Tiles must be configured (``write_config`` +
-    ``tile_loadconfig``)."""
+def configure_tiles(cfg_addr, rows):
+    """Micro-kernel interface: configure this thread's tiles for blocks of ``rows`` rows (1-32):
+    ``write_config`` into the CFG_BYTES at cfg_addr, then ``ldtilecfg``."""
+    rows0 = min(TILE_ROWS, rows)
+    write_config(cfg_addr, rows0, rows - rows0)
+    tile_loadconfig(cfg_addr)
+
+
+@njit(nogil=True, cache=True)
+def tile_block(a_addr, a_stride, kp, rows, b0_addr, b1_addr, c_addr, c_stride):
+    """Micro-kernel interface: C[rows, 32 cols] = A[rows, Kp] @ B (two packed column tiles), for the
+    ``rows`` the tiles are configured for (``configure_tiles``); A rows are a_stride bytes apart; stores
+    the C tiles at c_addr (row stride c_stride bytes; columns 16-31 at c_addr + 64; rows 16-31 at
+    c_addr + 16 c_stride)."""
+    two_rows = rows > TILE_ROWS
     a1_addr = a_addr + TILE_ROWS * a_stride
     zero_c0()
     zero_c1()
@@ -286,3 +327,9 @@ def tile_block(a_addr, a_stride, kp, two_rows, b0_addr, b1_addr, c_addr, c_strid
     if two_rows:
         store_c2(c_addr + TILE_ROWS * c_stride, c_stride)
         store_c3(c_addr + TILE_ROWS * c_stride + TILE_BYTES, c_stride)
+
+
+@njit(nogil=True, cache=True)
+def release_tiles():
+    """Micro-kernel interface: ``tilerelease`` (the thread's tile state back to init)."""
+    tile_release()

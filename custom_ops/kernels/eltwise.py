@@ -17,8 +17,8 @@ Caller contract (the ORT ABI layer calls these from numba cfuncs):
   ``SERIAL`` (never parallel): on the 2-core machine a parallel call stalls for 8-12 ms whenever the
   other core is busy (see PARALLEL_MIN below); ``PARALLEL_MIN_IDLE`` (256K) is the measured crossover
   when it is idle; 0 forces the parallel path. Inside a cfunc the parallel path needs numba's OpenMP
-  or TBB threading layer (DESIGN.md §4: ``workqueue`` aborts on concurrent use). Importing this module
-  starts numba's thread pool (a workaround for a numba cache bug, below).
+  or TBB threading layer (docs/ARCHITECTURE.md §6: ``workqueue`` aborts on concurrent use), which
+  ``numba_setup.configure_numba()`` selects; call it before these kernels.
 - numba's cache does not notice edits of ``custom_ops/vecmath.py``: the kernels here inline its
   functions, so after changing vecmath delete this folder's ``__pycache__/*.nbi``/``*.nbc`` (or the
   ``NUMBA_CACHE_DIR``), or the kernels keep the old math.
@@ -62,13 +62,19 @@ first step lowest: ``encode_activation("relu+gelu")``.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
+
+from ortfuse.custom_ops.kernels.scalar import (
+    clip1,
+    gelu1,
+    gelu_tanh1,
+    hardsigmoid1,
+    relu1,
+)
 from ortfuse.custom_ops.vecmath import (
-    always_inline,
     erf_f32,
     exp_f32,
     prefer_512bit,
@@ -79,25 +85,17 @@ from ortfuse.custom_ops.vecmath import (
 
 F32 = np.float32
 
-# Start numba's thread pool now. numba launches it when it compiles or loads a parallel function itself,
-# but a cached *caller* of one (every public kernel here, and any cfunc calling them) may not record
-# that it needs it: numba does not serialise the reload hooks of a library loaded from cache, so a
-# caller compiled against cached callees calls the pool's NULL entry point when itself loaded from
-# cache (a segfault, reproduced with numba 0.68.1). get_num_threads() launches the pool (public API).
-numba.get_num_threads()
+# Callers run ``numba_setup.configure_numba()`` before calling these kernels: it also starts numba's
+# thread pool, which a cached caller of the parallel kernels here needs (see ``launch_thread_pool``).
 
 OK = 0
 ERR_SIZE = -1
 
-# Parallel threshold (elements), measured with ``tools/kernel_bench.py --threshold`` on the 2-core
-# machine:
-# - with the second core idle, prange beats the serial loop from 64K elements (gelu: 0.55x the
-#   time) and from 256K (relu: 0.35x: two L2 caches);
-# - with the second core busy (another process; or ORT's intra-op threads, which spin after a run),
-#   every parallel call takes 8 or 12 ms whatever its size: the woken OpenMP thread waits for the
-#   4 ms scheduler tick (CONFIG_HZ=250) to get a core; OMP_WAIT_POLICY=active does not help.
-# A stall of 8 ms against a 40 us kernel is the worse risk, so the default is serial for every size;
-# a caller that knows a core is free passes ``parallel_min=PARALLEL_MIN_IDLE``.
+# Parallel threshold (elements): serial by default for every size. On a machine whose other cores are
+# busy (another process, or ORT's intra-op threads spinning after a run) a woken OpenMP thread waits
+# for a scheduler tick, a stall far longer than a small kernel; a caller that knows a core is free
+# passes ``parallel_min=PARALLEL_MIN_IDLE``, the crossover with idle cores. Measure both on a machine
+# with ``python tools/kernel_bench.py --threshold``.
 SERIAL = 1 << 62
 PARALLEL_MIN = SERIAL
 PARALLEL_MIN_IDLE = 1 << 18
@@ -125,12 +123,6 @@ ACTIVATION_CODES = {"": OP_NONE, "relu": OP_RELU, "gelu": OP_GELU, "gelu_tanh": 
                     "silu": OP_SILU}
 MAX_CHAIN = 4
 
-_ZERO = F32(0.0)
-_ONE = F32(1.0)
-_HALF = F32(0.5)
-_INV_SQRT2 = F32(0.7071067811865476)
-_SQRT_2_OVER_PI = F32(0.7978845608028654)
-_GELU_K = F32(0.044715)
 
 
 def encode_activation(kind: str) -> int:
@@ -154,55 +146,6 @@ def decode_activation(code: int) -> str:
         steps.append(names[code & 15])
         code >>= 4
     return "+".join(steps)
-
-
-# ---------------------------------------------------------------------------------------------
-# element functions (float32 -> float32), inlined into the loops below
-# ---------------------------------------------------------------------------------------------
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _relu1(v):
-    always_inline()
-    # np.where(x > 0, x, where(isnan(x), x, 0)): NaN stays, -0 -> +0
-    return v if (v > _ZERO or v != v) else _ZERO  # noqa: PLR0124 - v != v: NaN
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _max1(v, lo):
-    always_inline()
-    # np.maximum: NaN in either operand gives NaN; ties give the second operand
-    return v if (v > lo or v != v) else lo  # noqa: PLR0124
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _min1(v, hi):
-    always_inline()
-    return v if (v < hi or v != v) else hi  # noqa: PLR0124
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _clip1(v, lo, hi):
-    always_inline()
-    return _min1(_max1(v, lo), hi)
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _hardsigmoid1(v, alpha, beta):
-    always_inline()
-    return _clip1(alpha * v + beta, _ZERO, _ONE)
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _gelu1(v):
-    always_inline()
-    return (_HALF * v) * (_ONE + erf_f32(v * _INV_SQRT2))
-
-
-@njit(nogil=True, error_model="numpy", cache=True)
-def _gelu_tanh1(v):
-    always_inline()
-    inner = _SQRT_2_OVER_PI * (v + ((_GELU_K * v) * v) * v)
-    return (_HALF * v) * (_ONE + tanh_f32(inner))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,25 +175,25 @@ def _loops(s, d, op, p0, p1, p2, p3):
     n = d.size
     if op == OP_RELU:
         for i in range(n):
-            d[i] = _relu1(s[i])
+            d[i] = relu1(s[i])
     elif op == OP_GELU:
         prefer_512bit()
         for i in range(n):
-            d[i] = _gelu1(s[i])
+            d[i] = gelu1(s[i])
     elif op == OP_GELU_TANH:
         prefer_512bit()
         for i in range(n):
-            d[i] = _gelu_tanh1(s[i])
+            d[i] = gelu_tanh1(s[i])
     elif op == OP_CLIP:
         for i in range(n):
-            d[i] = _clip1(s[i], p0, p1)
+            d[i] = clip1(s[i], p0, p1)
     elif op == OP_HARDSIGMOID:
         for i in range(n):
-            d[i] = _hardsigmoid1(s[i], p0, p1)
+            d[i] = hardsigmoid1(s[i], p0, p1)
     elif op == OP_HARDSWISH:
         for i in range(n):
             v = s[i]
-            d[i] = v * _hardsigmoid1(v, p0, p1)
+            d[i] = v * hardsigmoid1(v, p0, p1)
     elif op == OP_SILU:
         prefer_512bit()
         for i in range(n):
@@ -274,7 +217,7 @@ def _loops(s, d, op, p0, p1, p2, p3):
     elif op == OP_HARDSWISH4:
         for i in range(n):
             v = s[i]
-            d[i] = v * (_clip1(v + p0, p1, p2) / p3)
+            d[i] = v * (clip1(v + p0, p1, p2) / p3)
     else:  # OP_NONE (unknown codes are rejected by the public functions): copy
         for i in range(n):
             d[i] = s[i]
@@ -288,25 +231,25 @@ def _loops_ip(d, op, p0, p1, p2, p3):
     n = d.size
     if op == OP_RELU:
         for i in range(n):
-            d[i] = _relu1(d[i])
+            d[i] = relu1(d[i])
     elif op == OP_GELU:
         prefer_512bit()
         for i in range(n):
-            d[i] = _gelu1(d[i])
+            d[i] = gelu1(d[i])
     elif op == OP_GELU_TANH:
         prefer_512bit()
         for i in range(n):
-            d[i] = _gelu_tanh1(d[i])
+            d[i] = gelu_tanh1(d[i])
     elif op == OP_CLIP:
         for i in range(n):
-            d[i] = _clip1(d[i], p0, p1)
+            d[i] = clip1(d[i], p0, p1)
     elif op == OP_HARDSIGMOID:
         for i in range(n):
-            d[i] = _hardsigmoid1(d[i], p0, p1)
+            d[i] = hardsigmoid1(d[i], p0, p1)
     elif op == OP_HARDSWISH:
         for i in range(n):
             v = d[i]
-            d[i] = v * _hardsigmoid1(v, p0, p1)
+            d[i] = v * hardsigmoid1(v, p0, p1)
     elif op == OP_SILU:
         prefer_512bit()
         for i in range(n):
@@ -330,7 +273,7 @@ def _loops_ip(d, op, p0, p1, p2, p3):
     elif op == OP_HARDSWISH4:
         for i in range(n):
             v = d[i]
-            d[i] = v * (_clip1(v + p0, p1, p2) / p3)
+            d[i] = v * (clip1(v + p0, p1, p2) / p3)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -382,13 +325,13 @@ def _add_relu_seg(x, y, d):
     """d = relu(x + y) over equal-size segments; in place (d is x or y) with one input array."""
     if _same(d, x):
         for k in range(d.size):
-            d[k] = _relu1(d[k] + y[k])
+            d[k] = relu1(d[k] + y[k])
     elif _same(d, y):
         for k in range(d.size):
-            d[k] = _relu1(x[k] + d[k])
+            d[k] = relu1(x[k] + d[k])
     else:
         for k in range(d.size):
-            d[k] = _relu1(x[k] + y[k])
+            d[k] = relu1(x[k] + y[k])
 
 
 @njit(nogil=True, error_model="numpy", cache=True)

@@ -12,11 +12,12 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "bench": ("ortfuse.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
+    "bench": ("ortfuse.cli.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
     "report": ("ortfuse.cli.report", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
     "tune": ("ortfuse.cli.tune", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
-    "verify": ("ortfuse.cli.verify", "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
+    "verify": ("ortfuse.cli.verify",
+               "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
     "profile": ("ortfuse.cli.profile", "ORT's profiler on the fused and the unfused model: where the time goes"),
 }
 
@@ -33,7 +34,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from ortfuse import __version__
+    from ortfuse._version import __version__
 
     return __version__
 

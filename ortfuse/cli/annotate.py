@@ -13,10 +13,9 @@ import sys
 
 import onnx
 
-from ortfuse.ir import metadata
-from ortfuse.ir import model_args
 from ortfuse.fusion.catalogue import PATTERN_IDS, UnknownPatternError, validate_patterns
 from ortfuse.fusion.rewrite import fuse
+from ortfuse.ir import metadata, model_args
 
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -26,7 +25,7 @@ def annotate(model: onnx.ModelProto, patterns, enabled: bool = True) -> onnx.Mod
     ids = validate_patterns(patterns)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    from ortfuse import __version__
+    from ortfuse._version import __version__
 
     metadata.write_props(out, {
         metadata.FUSION_ENABLED: "true" if enabled else "false",

@@ -4,7 +4,7 @@ Contract:
 - Configurations: ``fused`` (``ortfuse.InferenceSession(fusion=True)``, ORT_ENABLE_ALL behind it),
   ``ort_enable_all`` (stock ORT, what the user would otherwise run) and, on request,
   ``ort_disable_all``. Every session has ORT's profiler on (``SessionOptions.enable_profiling``) and
-  intra-op spinning off (DESIGN.md §6b: a neighbour's spinning threads would inflate the times);
+  intra-op spinning off (docs/ARCHITECTURE.md §8: a neighbour's spinning threads would inflate the times);
   runs are interleaved A B B A, the first ``warmup`` runs of each session are not counted.
 - Times come from the trace ``end_profiling()`` writes: events of cat ``Node`` named
   ``<node>_kernel_time`` (``dur`` in us, ``args.op_name``) that fall inside a counted ``model_run``
@@ -34,6 +34,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from ortfuse.runtime.session_options import make_options
 
 CPU = ["CPUExecutionProvider"]
 FUSED, ENABLE_ALL, DISABLE_ALL = "fused", "ort_enable_all", "ort_disable_all"
@@ -161,11 +163,7 @@ class NameMap:
 
 
 def _options(level: str, prefix: str | None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so = make_options(level, spinning=False)
     if prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = prefix
@@ -448,7 +446,7 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
 
 def plot(r: ProfileResult, path: str, top: int = 10) -> None:
     """A PNG: time per op type per configuration, and per pattern fused vs original time."""
-    from ortfuse.bench_plot import require_matplotlib
+    from ortfuse.bench.plot import require_matplotlib
 
     plt = require_matplotlib()
     att = r.attributions[0] if r.attributions else None
@@ -507,15 +505,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ortfuse import models
+    from ortfuse.cli.verify import default_patterns
+    from ortfuse.fusion.catalogue import UnknownPatternError
     from ortfuse.ir import feeds as _feeds
     from ortfuse.ir import model_args
-    from ortfuse.fusion.catalogue import UnknownPatternError
-    from ortfuse.cli.verify import default_patterns
 
     try:
         if args.top < 1:
             raise ProfileError("--top must be at least 1")
-        path = model_args.resolve(args.model)
+        path = models.resolve(args.model)
         model = model_args.load(path)
         dims = model_args.parse_dims(args.dim)
         try:

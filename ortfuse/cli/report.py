@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ortfuse.ir import model_args
 from ortfuse.fusion.catalogue import UnknownPatternError
 from ortfuse.fusion.rewrite import fuse
+from ortfuse.ir import model_args
 
 
 def add_arguments(p) -> None:

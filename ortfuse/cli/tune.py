@@ -21,7 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="value of a named dynamic dim (repeatable); unnamed dynamic dims other than the first are 128")
     p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these pattern ids")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads of the sessions to tune for (default: ORT's)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads of the sessions to tune for (default: ORT's)")
     p.add_argument("--level", default="ORT_ENABLE_ALL", help="ORT graph optimization level to tune for")
     p.add_argument("--force", action="store_true", help="measure again even when decisions are cached")
     p.add_argument("--json", action="store_true", help="print the decisions as JSON")
@@ -30,9 +31,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import onnxruntime as ort
 
-    from ortfuse.ir import model_args
-    from ortfuse.tune import tuner as tune
+    from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError
+    from ortfuse.ir import model_args
+    from ortfuse.runtime.session_options import make_options
+    from ortfuse.tune import tuner as tune
 
     try:
         dims = model_args.parse_dims(args.dim)
@@ -41,14 +44,11 @@ def run(args) -> int:
             raise model_args.ModelArgError(
                 f"unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, "
                 "ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL")
-        model = model_args.load(model_args.resolve(args.model))
+        model = model_args.load(models.resolve(args.model))
     except model_args.ModelArgError as exc:
         print(f"ortfuse tune: {exc}.", file=sys.stderr)
         return 2
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    if args.threads:
-        so.intra_op_num_threads = args.threads
+    so = make_options(level, threads=args.threads)
     try:
         tuning = tune.tune(model, args.patterns, so, batch=args.batch, dims=dims, force=args.force,
                            measure=True, progress=not args.json)

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ortfuse.runtime.session_options import make_options
+
 if TYPE_CHECKING:  # onnx is imported where a model is parsed
     import onnx
 
@@ -154,9 +156,7 @@ class Runner:
     def _run_stock(self, level) -> list:
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.graph_optimization_level = level
-        sess = ort.InferenceSession(self.model.SerializeToString(), so, providers=CPU)
+        sess = ort.InferenceSession(self.model.SerializeToString(), make_options(level), providers=CPU)
         self.runs += 1
         return sess.run(self.output_names, self.feeds)
 
@@ -173,7 +173,7 @@ class Runner:
         import onnxruntime as ort
 
         import ortfuse
-        from ortfuse.fusion.rewrite import is_rewritten
+        from ortfuse.fusion.provenance import is_rewritten
 
         fused, report = self.fuse(subset)
         if self.transform is not None:
@@ -315,7 +315,7 @@ def verify(model, feeds: Mapping[str, np.ndarray], patterns=None, atol: float = 
     ``patterns``: ids to fuse (None: all). Raises ``VerifyError`` for a model saved already fused
     (stock ORT cannot run it as the reference) and ``UnknownPatternError`` for unknown ids."""
     from ortfuse.fusion.catalogue import validate_patterns
-    from ortfuse.fusion.rewrite import is_rewritten
+    from ortfuse.fusion.provenance import is_rewritten
 
     ids = list(validate_patterns(patterns))
     if is_rewritten(model):
@@ -519,13 +519,14 @@ def default_patterns(model, patterns: list[str] | None):
 
 
 def run(args) -> int:
-    from ortfuse.ir import model_args
+    from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError
+    from ortfuse.ir import model_args
 
     try:
         if args.atol < 0 or args.rtol < 0:
             raise VerifyError("--atol and --rtol must not be negative")
-        path = model_args.resolve(args.model)
+        path = models.resolve(args.model)
         model = model_args.load(path)
         data, source, notes = make_feeds(model, args.inputs, model_args.parse_dims(args.dim), args.seed)
         result = verify(model, data, default_patterns(model, args.patterns), args.atol, args.rtol,

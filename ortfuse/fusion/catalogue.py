@@ -1,38 +1,100 @@
-"""The pattern catalogue: the ids users name in metadata, in ``fusion_patterns=`` and on the CLI."""
+"""The pattern catalogue, derived from the rule modules of ``ortfuse.fusion.rules`` (found with
+pkgutil, one per pattern id): the ids users name in metadata, in ``fusion_patterns=`` and on the CLI,
+in priority order, with their matchers, fused op specs, native kernels and lowering forms
+(docs/ARCHITECTURE.md §4).
+
+The tables (``RULES``, ``PATTERN_IDS``, ``MATCHERS``, ``SPECS``, ``NATIVE_KERNELS``,
+``LOWERING_FORMS``) are built on first use, not when this module is imported: the rule modules
+import onnx, and ``ortfuse.session`` imports this module for a session that may never need onnx
+(a plan read from the plan cache).
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
 from collections.abc import Iterable
+from typing import Any
 
-# Order is priority: when two patterns could claim the same nodes, the earlier one wins.
-PATTERN_IDS: tuple[str, ...] = (
-    "conv_add_relu",
-    "conv_bn_relu",
-    "gemm_relu_gelu",
-    "add_relu",
-    "hardswish",
-    "silu",
-    "eltwise_chain",
-)
+_TABLES = ("RULES", "PATTERN_IDS", "MATCHERS", "SPECS", "NATIVE_KERNELS", "LOWERING_FORMS")
 
 
 class UnknownPatternError(ValueError):
     """A pattern id that is not in the catalogue; the message lists the known ids."""
 
 
-def validate_patterns(ids: Iterable[str] | None) -> tuple[str, ...]:
+class RuleError(ImportError):
+    """A rule module that breaks the rule contract (``ortfuse.fusion.rules``)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _tables() -> dict[str, Any]:
+    from ortfuse.fusion import rules
+    from ortfuse.fusion.rulekit.contract import PatternRule
+
+    found = []
+    for info in pkgutil.iter_modules(rules.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{rules.__name__}.{info.name}")
+        rule = getattr(module, "RULE", None)
+        if not isinstance(rule, PatternRule) or rule.id != info.name:
+            raise RuleError(f"{module.__name__} must declare RULE = PatternRule(id={info.name!r}, ...)")
+        found.append(rule)
+    found.sort(key=lambda r: r.order)
+    specs = [s for r in found for s in r.specs]
+    native = [k for r in found for k in r.native]
+    forms = [f for r in found for f in r.lowering]
+    for what, names in (("order", [r.order for r in found]), ("spec name", [s.name for s in specs]),
+                        ("native op type", [k.name for k in native]), ("lowering form", [f.name for f in forms])):
+        twice = sorted({str(n) for n in names if names.count(n) > 1})
+        if twice:
+            raise RuleError(f"rule modules share a {what}: {', '.join(twice)}")
+    return {
+        "RULES": tuple(found),
+        "PATTERN_IDS": tuple(r.id for r in found),
+        "MATCHERS": {r.id: r.matcher for r in found},
+        "SPECS": {s.name: s for s in specs},
+        "NATIVE_KERNELS": tuple(native),
+        "LOWERING_FORMS": {f.name: f for f in forms},
+        "_VARIANTS": {k.op_type: k.op for k in native if k.op_type and k.op_type != k.op},
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TABLES:
+        return _tables()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def rule(pattern_id: str):
+    """The ``PatternRule`` of a pattern id."""
+    return next(r for r in _tables()["RULES"] if r.id == pattern_id)
+
+
+def spec_for_op_type(op_type: str):
+    """The ``OpSpec`` of a fused node's op type (reference ``<Name>Ref``, native, or a native variant
+    such as ``FusedAddReluF16``), or None if the op type is not ortfuse's."""
+    tables = _tables()
+    base = op_type[:-3] if op_type.endswith("Ref") else tables["_VARIANTS"].get(op_type, op_type)
+    return tables["SPECS"].get(base)
+
+
+def validate_patterns(ids: Iterable[str] | str | None) -> tuple[str, ...]:
     """Return the requested ids in catalogue order (all of them for ``None`` or ``"auto"``)."""
+    known: tuple[str, ...] = _tables()["PATTERN_IDS"]
     if ids is None:
-        return PATTERN_IDS
+        return known
     if isinstance(ids, str):
         ids = [p for p in ids.split(",") if p.strip()]
     wanted = [str(p).strip() for p in ids]
     if any(p.lower() == "auto" for p in wanted):
-        return PATTERN_IDS
-    unknown = [p for p in wanted if p not in PATTERN_IDS]
+        return known
+    unknown = [p for p in wanted if p not in known]
     if unknown:
         raise UnknownPatternError(
             f"unknown fusion pattern id(s) {', '.join(map(repr, unknown))}; "
-            f"known ids are: {', '.join(PATTERN_IDS)} (or 'auto')."
+            f"known ids are: {', '.join(known)} (or 'auto')."
         )
-    return tuple(p for p in PATTERN_IDS if p in wanted)
+    return tuple(p for p in known if p in wanted)

@@ -1,5 +1,5 @@
 """Subgraphs that stock ORT already fuses better than a generic fused op would, so ortfuse's
-generic ``eltwise_chain`` leaves them to ORT (DESIGN.md §5):
+generic rules (those declaring ``yields_to_ort``) leave them to ORT (docs/ARCHITECTURE.md §9):
 
 - decomposed LayerNorm, ReduceMean(x) -> Sub -> Pow/Mul -> ReduceMean -> Add(eps) -> Sqrt -> Div
   -> Mul(gamma) -> Add(beta), which ORT turns into LayerNormalization, together with the residual

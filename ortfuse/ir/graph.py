@@ -50,8 +50,8 @@ def node_inputs_with_subgraphs(node: onnx.NodeProto) -> list[str]:
 
 
 # onnx's data propagation (shape arithmetic: Shape -> Gather -> Concat -> Reshape) keeps the values
-# of a 1-D tensor it propagates as dims, about 80 bytes each: a float input of shape [16M] through
-# Add took 3.4 GB and 5 s. Tensors of shape arithmetic are short.
+# of a 1-D tensor it propagates as dims, tens of bytes each, so a long 1-D activation costs gigabytes
+# and seconds; tensors of shape arithmetic are short (tests/test_patterns.py checks both sides).
 DATA_PROP_MAX_VECTOR = 1 << 16
 
 
@@ -59,7 +59,7 @@ def infer_shapes_with_data(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx shape inference with data propagation, without it when a 1-D tensor whose shape the model
     declares (an input, output or value_info) is longer than DATA_PROP_MAX_VECTOR. Declared shapes
     only: inferring first to find long vectors inside the graph would double the time of inference
-    (300 ms more on resnet50, where serialising the weights dominates). Initializers are not
+    (serialising the weights dominates it on weight-heavy models). Initializers are not
     counted: a long 1-D weight (a 128K-vocabulary bias) meets activations of higher rank."""
     g = model.graph
     lengths = [vi.type.tensor_type.shape.dim[0].dim_value for vi in (*g.input, *g.output, *g.value_info)
@@ -203,7 +203,8 @@ class GraphIndex:
     def is_scalar_const(self, name: str, expected: float, rtol: float = 1e-6) -> bool:
         """A constant of one element and rank <= 1 (a higher rank would change the output's rank)."""
         value = self.const(name)
-        return value is not None and value.size == 1 and value.ndim <= 1 and np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0)
+        return bool(value is not None and value.size == 1 and value.ndim <= 1
+                    and np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0))
 
     # --- types --------------------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:
@@ -274,13 +275,15 @@ def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
 
 
 def _static_shape_op(node: onnx.NodeProto, value: np.ndarray, arg: np.ndarray | None) -> np.ndarray:
-    if node.op_type == "Reshape":
+    if node.op_type in ("Reshape", "Unsqueeze") and arg is None:
+        raise ValueError(f"{node.op_type} without its shape or axes")
+    if node.op_type == "Reshape" and arg is not None:
         shape = [int(s) for s in arg]
         allowzero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
         if not allowzero:
             shape = [value.shape[i] if s == 0 else s for i, s in enumerate(shape)]
         return value.reshape(shape)
-    if node.op_type == "Unsqueeze":
+    if node.op_type == "Unsqueeze" and arg is not None:
         out = value
         for axis in sorted(int(a) % (value.ndim + len(arg)) for a in arg):
             out = np.expand_dims(out, axis)

@@ -1,4 +1,4 @@
-"""The metadata contract (DESIGN.md §3): model-level keys that say which fusions are wanted.
+"""The metadata contract (docs/ARCHITECTURE.md §3): model-level keys that say which fusions are wanted.
 
 Keys live in ``ModelProto.metadata_props`` as strings, so stock ORT reads them through
 ``get_modelmeta().custom_metadata_map``:
@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # onnx is imported only where a model is parsed (it costs ~0.6 s)
+if TYPE_CHECKING:  # onnx is imported only where a model is parsed (slow: python -X importtime -c "import onnx")
     import onnx
 
 FUSION_ENABLED = "fusion_enabled"

@@ -1,9 +1,8 @@
-"""What the command line commands share about their MODEL and --dim arguments, with one wording
-for each error: a path or a zoo name, a model onnx can read, and NAME=N dims."""
+"""Reading a MODEL path and NAME=N dims as the commands and the tuner take them, with one wording for
+each error (a zoo model name is resolved by ``ortfuse.models.resolve``)."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,17 +11,6 @@ if TYPE_CHECKING:
 
 class ModelArgError(ValueError):
     """A MODEL or --dim argument that cannot be used; the message is one sentence for the user."""
-
-
-def resolve(arg: str) -> str:
-    """The path of ``arg``: an existing file as given, else the built file of a zoo model name."""
-    if os.path.exists(arg) or arg.lower().endswith(".onnx"):
-        return arg
-    from ortfuse import models
-
-    if arg in models.NAMES:
-        return str(models.build(arg))
-    raise ModelArgError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {', '.join(models.NAMES)}")
 
 
 def load(path: str, external_data: bool = True) -> onnx.ModelProto:

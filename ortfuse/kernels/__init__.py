@@ -1,1 +1,2 @@
-"""Which kernel runs a fused op: the registry, lowering to ORT's own ops, and the CPU's ISA levels."""
+"""Which kernel runs a fused op: the registry (native, lowered and reference kernels, as the rules
+declare them), the selection for one match, and the CPU's ISA levels."""

@@ -17,11 +17,15 @@ here), or a comma list of feature names taken literally (``avx2,fma`` or ``+avx5
 may describe a CPU this one is not: use it for selection logic only, never to run kernels.
 
 numba compiles for one ISA per process: ``NUMBA_CPU_NAME`` and ``NUMBA_CPU_FEATURES`` are read once at
-import (DESIGN.md §4b). ``numba_env(isa)`` gives those variables for a variant; run the variant in a
-subprocess with them (tests/test_eltwise_kernels.py does). Measured with numba 0.68 / llvmlite 0.50:
-numba's default for this host (``rocketlake``, all host features) vectorises loops with 256-bit ymm
-registers, because LLVM's tuning for these Intel cores prefers 256-bit vectors; 512-bit zmm code needs
-the ``-prefer-256-bit`` feature, which ``numba_env("avx512")`` adds.
+import (docs/ARCHITECTURE.md §5). ``numba_env(isa)`` gives those variables for a variant; run the
+variant in a subprocess with them (tests/test_eltwise_kernels.py does). LLVM's tuning for recent Intel
+cores prefers 256-bit vectors, so numba's default target vectorises with ymm registers even where
+AVX-512 is present; ``numba_env("avx512")`` adds ``-prefer-256-bit`` for zmm code
+(``test_isa_variant_compiles_numerics_and_register_width`` checks the register width of each variant).
+
+The one reader of ``/proc/cpuinfo`` (``cpuinfo``): the fallback feature source, ``fingerprint`` and
+``cpu_model``. py-cpuinfo is not used: it runs CPUID in a subprocess (about a second per call) and
+reports neither LLVM's feature names nor the OS support checks LLVM's query includes.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ __all__ = [
     "asm_vector_width",
     "best_isa",
     "cpu_features",
+    "cpu_model",
+    "cpuinfo",
     "describe",
+    "fingerprint",
     "has",
     "host_features",
     "numba_env",
@@ -103,12 +110,38 @@ def _from_llvm() -> frozenset[str]:
     return frozenset(k for k, v in feats.items() if v)
 
 
-def _from_cpuinfo(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    with open(path, encoding="ascii", errors="replace") as fh:
-        for line in fh:
-            if line.startswith("flags"):
-                return frozenset(_normalise(f) for f in line.split(":", 1)[1].split())
-    return frozenset()
+CPUINFO = "/proc/cpuinfo"
+
+
+@functools.lru_cache(maxsize=4)
+def cpuinfo(path: str = CPUINFO) -> dict[str, str]:
+    """The fields of the first processor in ``/proc/cpuinfo`` (``model name``, ``flags``...); {} where
+    the file does not exist. The one reader of that file in ortfuse (cached per path)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    if fields:
+                        break  # end of the first processor's block
+                    continue
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return {}
+    return fields
+
+
+def _from_cpuinfo(path: str = CPUINFO) -> frozenset[str]:
+    return frozenset(_normalise(f) for f in cpuinfo(path).get("flags", "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor or machine string."""
+    import platform
+
+    return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,34 +152,21 @@ def _detect() -> tuple[frozenset[str], str]:
             return feats, "llvm"
     except Exception:  # noqa: BLE001, S110 - any failure of the LLVM query falls back to /proc
         pass
-    try:
-        feats = _from_cpuinfo()
-        if feats:
-            return feats, "/proc/cpuinfo"
-    except OSError:
-        pass
+    feats = _from_cpuinfo()
+    if feats:
+        return feats, CPUINFO
     return frozenset({"sse2"}), "assumed"
 
 
-@functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """A cheap identity of this CPU for cache keys: its /proc/cpuinfo model name and feature flags
-    (no LLVM load, which costs ~40 MB of RSS), else the platform's processor string."""
+    """A cheap identity of this CPU for cache keys: its ``/proc/cpuinfo`` model name and feature flags
+    (no LLVM load, which would add tens of MB of RSS to a session), else the platform's processor string."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            wanted = {}
-            for line in fh:
-                key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags") and key not in wanted:
-                    wanted[key] = line.split(":", 1)[1].strip()
-                if len(wanted) == 2:
-                    break
-        if wanted:
-            return " | ".join(f"{k}: {v}" for k, v in sorted(wanted.items()))
-    except OSError:
-        pass
+    fields = cpuinfo()
+    wanted = {k: fields[k] for k in ("flags", "model name") if k in fields}
+    if wanted:
+        return " | ".join(f"{k}: {v}" for k, v in sorted(wanted.items()))
     return f"{platform.machine()} {platform.processor()}"
 
 
@@ -207,7 +227,7 @@ def select_isa(available: Iterable[str]) -> str | None:
 
 
 def numba_env(isa: str) -> dict[str, str]:
-    """Environment variables that make a fresh process's numba compile for ``isa`` (DESIGN.md §4b).
+    """Environment variables that make a fresh process's numba compile for ``isa`` (docs/ARCHITECTURE.md §5).
     Set them before numba is imported (a subprocess); numba's cache keys on both, so variants can
     share one ``NUMBA_CACHE_DIR``."""
     if isa not in _NUMBA_TARGETS:

@@ -1,24 +1,28 @@
-"""Kernel registry: which kernels can run a fused op, and which one this CPU gets.
+"""Kernel registry: which kernels can run a fused op, and which one this CPU gets
+(docs/ARCHITECTURE.md §5). The kernels are those the fusion rules declare
+(``ortfuse.fusion.catalogue``), each listed where this process can run it.
 
 A kernel is (op, path, ISAs, dtypes, priority[, form, variants]). Paths:
-- ``native``: numba cfuncs registered as ORT custom ops (no GIL, no copies); op type = the spec name.
-  numba compiles them for one ISA per process (DESIGN.md §4b): the level whose ``isa.numba_env``
-  this process was started with, else the host's best level (numba's default target is the host).
+- ``native``: numba cfuncs registered as ORT custom ops (no GIL, no copies), declared by a rule as a
+  ``NativeKernel``: the spec's own op type for float32, or a variant (float16 op types of the
+  elementwise ops; the AMX GEMM with bf16 products). numba compiles them for one ISA per process
+  (docs/ARCHITECTURE.md §5): the level whose ``isa.numba_env`` this process was started with, else
+  the host's best level (numba's default target is the host).
 - ``lowered``: the match rewritten into operators ORT already has (``com.microsoft:FusedConv``,
-  MatMul + ``BiasGelu``, ...; ``ortfuse.kernels.lowering``, rule ``form``), for the epilogues in
-  ``variants``; a rule that ends in a native op (Conv + FusedHardSwish) is offered only where that
-  native op is. Which path wins is measured (``LOWERED_PRIORITY``), not guessed.
+  MatMul + ``BiasGelu``, ...), by a rule's ``LoweringForm`` named ``form``, for the epilogues in
+  ``variants``; a form that ends in a native op (Conv + FusedHardSwish) is offered only where that
+  native op is. Which path wins is measured (each form's priorities), not guessed.
 - ``reference``: the numpy reference through onnxruntime-extensions' Python-op path; op type
   ``<name>Ref``; any ISA, float32; always available, lowest priority.
-Dtypes: float32 everywhere; the elementwise native kernels also come in float16 (op types
-``specs.FLOAT16_NATIVE``), so a float16 match without the native path is left unfused, with the reason.
-Precision: every kernel computes float32 products unless its ``precision`` says otherwise. The AMX
-kernel of FusedGemmAct (native op ``FusedGemmActBf16``: bf16 products, float32 accumulation, isa
-``amx``) is a candidate only when the caller opts in (``select(..., precision="bf16")``; sessions take
-it from the SessionOptions config entry ``ortfuse.precision``, tools from ``$ORTFUSE_PRECISION``), the
-features report amx-tile + amx-bf16, and this process can run it (host CPU, Linux permission).
+Dtypes: float32 everywhere; the elementwise native kernels also come in float16, so a float16 match
+without the native path is left unfused, with the reason.
+Precision: every kernel computes float32 products unless its ``precision`` says otherwise. A kernel
+with bf16 products (the AMX GEMM, isa ``amx``) is a candidate only when the caller opts in
+(``select(..., precision="bf16")``; sessions take it from the SessionOptions config entry
+``ortfuse.precision``, tools from ``$ORTFUSE_PRECISION``), the features report what it declares
+(amx-tile + amx-bf16), and this process can run it (host CPU, Linux permission).
 ``select`` returns the highest-priority kernel whose ISA this CPU supports, whose dtype and variant
-(the match's ``activation``) match and that fits the match (``fits``: a lowering rule may not apply,
+(the match's ``activation``) match and that fits the match (``fits``: a lowering form may not apply,
 e.g. FusedGemm needs a 2-D input), or the reason there is none (the rewriter then leaves the match
 unfused with that reason).
 """
@@ -29,22 +33,24 @@ import functools
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ortfuse.custom_ops.native import layout as _native_layout
+from ortfuse.fusion import catalogue
 from ortfuse.kernels import isa as _isa
-from ortfuse.custom_ops.specs import FLOAT16_NATIVE, SPECS
+from ortfuse.runtime.session_options import PRECISION_OPTION  # sessions: the config entry (wins over the env)
 
 NATIVE, REFERENCE, LOWERED = "native", "reference", "lowered"
 PATHS = (NATIVE, LOWERED, REFERENCE)
 NO_NATIVE = "no-native"  # a preference, not a path: every kernel that runs without the native ops
 LOWERED_ONLY = "lowered-only"  # a preference: lowered kernels that need no native op (ORT's own ops only)
 REFERENCE_LABEL = "reference (numpy through onnxruntime-extensions Python op)"
-NATIVE_MAX_RANK = 12  # custom_ops.native.MAX_RANK: native kernels reject tensors of higher rank at run time
+NATIVE_MAX_RANK: int = _native_layout.MAX_RANK  # native kernels fail a run on tensors of higher rank
 ANY = "any"
 FP32, BF16 = "fp32", "bf16"
 PRECISIONS = (FP32, BF16)
 PRECISION_ENV = "ORTFUSE_PRECISION"        # tools: the precision opt-in for every fuse() in the process
-PRECISION_OPTION = "ortfuse.precision"     # sessions: the SessionOptions config entry (wins over the env)
+AMX = "amx"  # the ISA level of kernels that also need this process's permission to use AMX
 
 
 @dataclass(frozen=True)
@@ -54,14 +60,15 @@ class Kernel:
     isas: tuple[str, ...]
     dtypes: tuple[str, ...]
     priority: int
-    form: str = ""  # lowered: the ``lowering.RULES`` key
+    form: str = ""  # lowered: the ``catalogue.LOWERING_FORMS`` key
     variants: tuple[str, ...] = ()  # the epilogues (``activation`` values) served; () = every one
     precision: str = FP32  # FP32: float32 products; BF16: bf16 products, chosen only under that opt-in
-    native_op: str = ""  # native: the op type when it is not ``op`` (another numeric contract)
+    native_op: str = ""  # native: the op type when it is not ``op`` (another dtype or numeric contract)
+    misfit: Callable | None = field(default=None, compare=False)  # match -> why it does not suit ("" = it does)
 
     @property
     def uses_native(self) -> bool:
-        """True when this kernel needs the native ops registered: a native kernel, or a lowered rule
+        """True when this kernel needs the native ops registered: a native kernel, or a lowered form
         that ends in a native op (its ISA is then the native one, not ``any``)."""
         return self.path == NATIVE or (self.path == LOWERED and ANY not in self.isas)
 
@@ -70,7 +77,7 @@ class Kernel:
         """The custom op type of a single fused node ("" for a lowered kernel: ORT's own ops)."""
         if self.path == LOWERED:
             return ""
-        return (self.native_op or self.op) if self.path == NATIVE else SPECS[self.op].ref_op_type
+        return (self.native_op or self.op) if self.path == NATIVE else catalogue.SPECS[self.op].ref_op_type
 
     def serves(self, variant: str) -> bool:
         return not self.variants or variant in self.variants
@@ -89,9 +96,9 @@ class Selection:
         if self.kernel.path == REFERENCE:
             return REFERENCE_LABEL
         if self.kernel.path == LOWERED:
-            from ortfuse.kernels.lowering import LABEL_PREFIX, RULES
+            from ortfuse.fusion.rulekit.lowering import LABEL_PREFIX  # imports onnx: only for lowered kernels
 
-            return LABEL_PREFIX + RULES[self.kernel.form].summary
+            return LABEL_PREFIX + catalogue.LOWERING_FORMS[self.kernel.form].summary
         extra = f" ({self.kernel.precision} products)" if self.kernel.precision != FP32 else ""
         return f"native numba {self.isa}" + (" float16" if self.kernel.dtypes == ("float16",) else "") + extra
 
@@ -111,7 +118,8 @@ def native_isa() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _native_ops() -> frozenset[str]:
-    from ortfuse.custom_ops.registration import native_disabled_by_env, native_op_types, native_unavailable_reason
+    from ortfuse.custom_ops.native.availability import native_disabled_by_env
+    from ortfuse.custom_ops.registration import native_op_types, native_unavailable_reason
 
     if native_disabled_by_env():  # decided before numba is imported
         return frozenset()
@@ -124,118 +132,40 @@ def _native_ops() -> frozenset[str]:
         return frozenset()
 
 
-# Lowered kernels: (lowering rule, epilogue) -> priority; native kernels are 10, reference 0.
-#
-# Measured 2026-12-02 with `python tools/lowering_bench.py --runs 10 --repeats 5` (every conv and GEMM
-# match of resnet50:1, mobilenetv3_block:1, mlp_gemm_relu_gelu:1 and :64, bert_encoder:1, grouped per
-# op and epilogue; ORT 1.32 at ORT_ENABLE_ALL, intra-op spinning off; 2 shared vCPUs at load average
-# 3.6-4.8 from other jobs), plus reruns (`--only ... --runs 20 --repeats 7`; `--spin --gap-ms 50`;
-# `--case bert_encoder:1 --case bert_encoder:4 --runs 15 --repeats 7`). Figures: p50 / p50 of the
-# unfused subgraph at ORT_ENABLE_ALL, per run; the A/A control (a second identical ORT session) of
-# those runs spanned 0.86-1.13 (three groups with A/A 0.75, 1.57 and 2.56 are discarded).
-# - reference (numpy, Python op) vs everything: 5.4-55x, every op and epilogue -> it only backs up.
-# - GEMM native vs lowered: native 0.86-1.50 at batch 1, behind the best lowered form of the same
-#   run every time (once by 0.6%), and 3.1-10.4 at batch 64 (bert batch 4: 6.7); the lowered forms
-#   0.73-1.17 -> lowered above native for every GEMM epilogue.
-# - GEMM relu: FusedGemm 0.90-1.01 vs MatMul+Add+Relu 0.97-1.00: a tie; FusedGemm is one node (2-D
-#   input only; MatMul+Add+Relu takes any rank).
-# - GEMM erf-gelu: MatMul+Add+Gelu (ORT turns it into Gemm+Gelu, its own choice) 0.96-1.12 vs
-#   MatMul+BiasGelu 1.00-1.41 (mlp; better in 7 of 8 runs); bert batch 4 0.986 vs 0.988.
-# - GEMM tanh-gelu: MatMul+Add+FastGelu 0.74-0.98 vs MatMul+FastGelu(bias) 0.80-0.94: a tie (5 of 8).
-# - relu+gelu: the one form, MatMul+Add+Relu+Gelu, 0.98-1.17 (native 1.00-6.2). relu+gelu_tanh
-#   (no zoo instance) is ranked like relu+gelu, unmeasured.
-# - conv + HardSwish (mobilenetv3, 8 convs): Conv + native FusedHardSwish 0.43-0.67 (5 runs) vs
-#   Conv + HardSwish 0.82-0.91 vs Conv + HardSigmoid + Mul 0.81-0.91 (a tie between the two; the
-#   HardSwish op is one node). Without the native path the HardSwish op is used (opset >= 14).
-# - conv + SiLU (4 convs): Conv + Sigmoid + Mul (ORT makes QuickGelu) 0.87-1.00 vs Conv + native
-#   FusedSiLU 0.90-1.04: a tie, the ORT ops ahead in 3 of 4 runs and needing no custom op.
-# - conv relu / hardsigmoid (resnet50 33 convs, mobilenetv3 SE 4+4): FusedConv 0.97-1.16 vs Conv +
-#   activation op 0.91-1.10: a tie; FusedConv is one node (what ORT makes itself). Clip (relu6; no zoo
-#   instance) is the same FusedConv node, unmeasured. No epilogue (Conv+BN): Conv 0.94-0.99.
-# - conv + residual + relu (resnet50, 16): FusedConv with Z 0.96-1.05 vs Conv+Add+Relu 0.95-1.05: a
-#   tie; one node. Conv+Add+Relu remains for residuals of unknown shape (FusedConv's Z does not broadcast).
-# The margins between lowered forms are inside the A/A noise of these machines; the margins against
-# native GEMMs, the native HardSwish epilogue and the reference path are not.
-LOWERED_PRIORITY: dict[tuple[str, str], int] = {
-    ("fusedconv", "relu"): 30, ("fusedconv", "clip"): 30, ("fusedconv", "hardsigmoid"): 30,
-    ("conv_ort_epilogue", "relu"): 20, ("conv_ort_epilogue", "clip"): 20, ("conv_ort_epilogue", "hardsigmoid"): 20,
-    ("conv", ""): 30,
-    ("conv_native_epilogue", "hardswish"): 30,
-    ("conv_ort_epilogue", "hardswish"): 26,
-    ("conv_decomposed_epilogue", "hardswish"): 25,
-    ("conv_ort_epilogue", "silu"): 30,
-    ("conv_native_epilogue", "silu"): 25,
-    ("fusedconv_sum", "relu"): 30,
-    ("conv_add_relu", "relu"): 25,
-    ("fusedgemm", "relu"): 30,
-    ("matmul_add_act", "relu"): 25,
-    ("matmul_add_act", "gelu"): 30,
-    ("matmul_biasgelu", "gelu"): 25,
-    ("matmul_add_act", "gelu_tanh"): 30,
-    ("matmul_fastgelu", "gelu_tanh"): 25,
-    ("matmul_add_act", "relu+gelu"): 30,
-    ("matmul_add_act", "relu+gelu_tanh"): 30,
-}
-UNMEASURED_PRIORITY = 1  # a rule/epilogue pair nobody measured: above the reference only
-
-
-def lowered_kernels(native: frozenset[str] | None = None) -> list[Kernel]:
-    """The lowered kernels this process can run, one per (rule, epilogue), each with its measured
-    priority; an epilogue whose rule ends in a native op not available here is left out
-    (``native``: the native op types; default ``_native_ops()``)."""
-    from ortfuse.kernels.lowering import RULES
-
+def native_kernels(native: frozenset[str] | None = None) -> list[Kernel]:
+    """The native kernels the rules declare that this process can list: their op type is registered
+    by the native path (``native``: those op types; default ``_native_ops()``) and the (possibly
+    overridden) CPU features include what they need."""
     native = _native_ops() if native is None else native
     found = []
-    for form, rule in RULES.items():
-        for variant in rule.activations:
-            needs = rule.native_ops.get(variant, "")
-            if needs and needs not in native:
-                continue
-            isas = (native_isa(),) if needs else (ANY,)
-            priority = LOWERED_PRIORITY.get((form, variant), UNMEASURED_PRIORITY)
-            found.append(Kernel(rule.op, LOWERED, isas, ("float32",), priority, form, (variant,)))
+    for k in catalogue.NATIVE_KERNELS:
+        if k.name not in native or not set(k.cpu_features) <= _isa.cpu_features():
+            continue
+        found.append(Kernel(k.op, NATIVE, (k.isa or native_isa(),), (k.dtype,), k.priority, precision=k.precision,
+                            native_op=k.op_type if k.name != k.op else "", misfit=k.misfit))
     return found
 
 
-# FusedGemmAct -> native FusedGemmActBf16 (AMX bf16 tiles, custom_ops/native_amx.py): listed where the
-# (possibly overridden) features have amx-tile + amx-bf16; selected only under the bf16 precision
-# opt-in and only when this process can run it (``_amx_unavailable_reason``). Priority above every
-# float32 kernel, measured 2026-12-02 with `python tools/amx_bench.py --runs 15 --repeats 5` (Xeon with
-# AMX, 2 shared vCPUs at load average 5.4-5.6; Gemm+bias+Relu vs stock ORT at ORT_ENABLE_ALL, A/A
-# control 0.94-1.12): AMX p50 / ORT p50 = 0.64 (M=1, K=N=1024), 0.42 (1x4096x4096), 0.26 (64x1024x1024),
-# 0.17 (64x4096x4096), 0.30 (64x512x1024), 0.19 (1024^3) at 1 intra-op thread; 0.18-0.64 at 2.
-AMX_OP = "FusedGemmActBf16"
-AMX_PRIORITY = 40
-
-
-def amx_kernels() -> list[Kernel]:
-    if not {"amx-tile", "amx-bf16"} <= _isa.cpu_features() or not _native_ops():
-        return []
-    return [Kernel("FusedGemmAct", NATIVE, ("amx",), ("float32",), AMX_PRIORITY, precision=BF16, native_op=AMX_OP)]
-
-
-# Below K x N = 256 x 256 the AMX kernel's fixed cost (tile configuration, X conversion pass, two
-# block passes: ~3 us) outweighs its speed: 1x64x64 1.46x and 8x128x128 1.24x stock ORT's time,
-# 32x256x256 0.62x (same command, --runs 30, load average 4.1-4.5).
-AMX_MIN_WEIGHTS = 256 * 256
-
-
-def amx_misfit(match) -> str:
-    """Why the AMX kernel does not suit a FusedGemmAct match ("" when it does): its W must be a 2-D
-    initializer the rewriter writes (packed once per kernel) of at least AMX_MIN_WEIGHTS elements."""
-    w = next((t for t in match.initializers if t.name == match.inputs[1]), None)
-    if w is None or len(w.dims) != 2:
-        return f"{AMX_OP} needs W as a 2-D initializer"
-    if w.dims[0] * w.dims[1] < AMX_MIN_WEIGHTS:
-        return f"{AMX_OP}: W of {w.dims[0]}x{w.dims[1]} is below {AMX_MIN_WEIGHTS} weights, where AMX loses"
-    return ""
+def lowered_kernels(native: frozenset[str] | None = None) -> list[Kernel]:
+    """The lowered kernels this process can run, one per (form, epilogue), each with the priority its
+    rule states; an epilogue whose form ends in a native op not available here is left out
+    (``native``: the native op types; default ``_native_ops()``)."""
+    native = _native_ops() if native is None else native
+    found = []
+    for form in catalogue.LOWERING_FORMS.values():
+        for variant, priority in form.priorities.items():
+            needs = form.native_ops.get(variant, "")
+            if needs and needs not in native:
+                continue
+            isas = (native_isa(),) if needs else (ANY,)
+            found.append(Kernel(form.op, LOWERED, isas, ("float32",), priority, form.name, (variant,)))
+    return found
 
 
 @functools.lru_cache(maxsize=1)
 def _amx_unavailable_reason() -> str | None:
-    """Why the AMX kernel cannot run in this process (host CPU, native path, Linux permission), or None."""
-    from ortfuse.custom_ops.native_amx import unavailable_reason
+    """Why kernels of ISA ``amx`` cannot run in this process (host CPU, native path, Linux permission), or None."""
+    from ortfuse.custom_ops.native.ops.gemm_bf16 import unavailable_reason
 
     return unavailable_reason()
 
@@ -252,12 +182,8 @@ def resolve_precision(precision: str | None = None) -> str:
 def kernels_for(op: str, extra: tuple[Kernel, ...] = ()) -> list[Kernel]:
     """Every kernel registered for ``op``, best first."""
     found = [Kernel(op, REFERENCE, (ANY,), ("float32",), 0)]
-    if op in _native_ops():
-        found.append(Kernel(op, NATIVE, (native_isa(),), ("float32",), 10))
-        if op in FLOAT16_NATIVE:  # compiled and registered with the float32 ones (custom_ops/native_f16.py)
-            found.append(Kernel(op, NATIVE, (native_isa(),), ("float16",), 10, native_op=FLOAT16_NATIVE[op]))
+    found += [k for k in native_kernels() if k.op == op]
     found += [k for k in lowered_kernels() if k.op == op]
-    found += [k for k in amx_kernels() if k.op == op]
     found += [k for k in extra if k.op == op]
     return sorted(found, key=lambda k: -k.priority)
 
@@ -314,7 +240,7 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
             if level is None:
                 continue
         why_not = fits(kernel) if fits is not None else ""
-        if not why_not and kernel.native_op == AMX_OP:
+        if not why_not and AMX in kernel.isas:
             why_not = _amx_unavailable_reason() or ""
             if why_not:
                 _warn_amx(why_not)

@@ -1,5 +1,6 @@
-"""Where ortfuse keeps what it generates (models, tuning decisions, fused plans): a module with no
-heavy imports, so a session that only reads its plan cache does not import onnx."""
+"""Where ortfuse keeps what it generates (zoo models, tuning decisions, fused plans, compiled
+kernels): ``$ORTFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ortfuse``, else ``~/.cache/ortfuse``
+(docs/ARCHITECTURE.md §7). No heavy imports: a session that only reads its plan cache imports no onnx."""
 
 from __future__ import annotations
 
@@ -7,9 +8,20 @@ import os
 from pathlib import Path
 
 ENV = "ORTFUSE_CACHE_DIR"
+XDG_ENV = "XDG_CACHE_HOME"
+
+# the sub-folder of each cache user
+MODELS, PLANS, TUNING, NUMBA = "models", "plans", "tuning", "numba"
 
 
-def cache_dir() -> Path:
-    """``$ORTFUSE_CACHE_DIR`` if set, else ``~/.cache/ortfuse``."""
+def cache_dir(sub: str = "") -> Path:
+    """The cache root (``sub``: one user's folder under it), read from the environment on every call."""
     env = os.environ.get(ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ortfuse"
+    if env:
+        root = Path(env).expanduser()
+    else:
+        xdg = os.environ.get(XDG_ENV)
+        # the XDG spec ignores a relative XDG_CACHE_HOME
+        base = Path(xdg).expanduser() if xdg and os.path.isabs(os.path.expanduser(xdg)) else Path.home() / ".cache"
+        root = base / "ortfuse"
+    return root / sub if sub else root

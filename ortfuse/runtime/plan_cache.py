@@ -3,14 +3,16 @@ parsing, matching, tuning and serializing, and hands ORT the fused model saved t
 
 Key: the model's identity (a path's resolved name, size and mtime; sha256 of bytes), the fusion
 request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
-level, intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``), the environment (``ORTFUSE_ISA``,
-``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``, ``ORTFUSE_PRECISION``), this CPU (``isa.fingerprint``), the onnxruntime / extensions / numba versions, and a digest of
-ortfuse's own source files (a changed rewriter never serves an old plan). The CPU is identified by
-``isa.fingerprint`` (no LLVM load), so a cache hit costs no more memory than stock ORT.
+level, intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``), the environment
+(``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``, ``ORTFUSE_PRECISION``), this CPU, the
+onnxruntime / extensions / numba versions, and a digest of ortfuse's own source files (a changed
+rewriter never serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
+a cache hit costs no more memory than stock ORT.
 An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
-``<key>.onnx`` (the fused model). Entries may name files they depend on (the auto policy's decisions)
-with their mtime; a changed or missing dependency makes the entry stale. Writes are atomic (the JSON
-is written last); the folder is trimmed to ``MAX_BYTES``, oldest entries first.
+``<key>.onnx`` (the fused model), under ``<cache>/plans/`` (``ortfuse.runtime.cache_paths``). Entries
+may name files they depend on (the auto policy's decisions) with their mtime; a changed or missing
+dependency makes the entry stale. Writes are atomic (the JSON is written last); the folder is trimmed
+to ``MAX_BYTES``, oldest entries first.
 Only outcomes that follow from the key alone are stored: never a step-aside.
 """
 
@@ -22,18 +24,21 @@ import json
 import os
 from pathlib import Path
 
-from ortfuse.runtime.session_options import config_entry
+from ortfuse.kernels import isa
+from ortfuse.runtime.cache_paths import PLANS, cache_dir
+from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
 
 FORMAT = 1
 MAX_BYTES = 2 * 2**30
-_ENV_KEYS = ("ORTFUSE_ISA", "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION")
-_OPTION_ENTRIES = ("ortfuse.tune_dims", "ortfuse.precision")
+# spelled here, not imported from their readers (custom_ops.registration, the tuner, kernels.registry):
+# a cache hit imports no kernel, rewrite or onnx code
+_ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION")
+_OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
 
 
 def root() -> Path:
-    from ortfuse.runtime.cache_paths import cache_dir
-
-    return cache_dir() / "plans"
+    return cache_dir(PLANS)
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,11 +46,11 @@ def _code_digest() -> str:
     """sha256 over ortfuse's Python sources and the installed runtime versions."""
     from importlib import metadata as im
 
-    import ortfuse
     import ortfuse.custom_ops
 
+    package = Path(__file__).resolve().parents[1]  # ortfuse/
     h = hashlib.sha256()
-    for base in sorted({Path(ortfuse.__file__).parent, Path(ortfuse.custom_ops.__file__).parent}):  # set order varies
+    for base in sorted({package, Path(ortfuse.custom_ops.__file__).resolve().parent}):  # set order varies
         for path in sorted(base.rglob("*.py")):
             h.update(str(path.relative_to(base)).encode())
             h.update(path.read_bytes())
@@ -76,8 +81,6 @@ def _option_values(sess_options) -> list:
 
 def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> str | None:
     """The cache key of this request, or None when the source cannot be identified cheaply."""
-    from ortfuse.kernels import isa
-
     identity = _source_identity(source)
     if identity is None:
         return None
@@ -123,18 +126,12 @@ def store(cache_key: str | None, entry: dict, model_bytes: bytes | None, depends
                  "model_bytes": len(model_bytes) if model_bytes is not None else 0,
                  "depends": [{"path": p, "mtime_ns": os.stat(p).st_mtime_ns} for p in depends]}
         if model_bytes is not None:
-            _atomic_write(base.with_suffix(".onnx"), model_bytes)
-        _atomic_write(base.with_suffix(".json"), json.dumps(entry).encode())
+            write_atomic(base.with_suffix(".onnx"), model_bytes)
+        write_atomic(base.with_suffix(".json"), json.dumps(entry))
         _trim(base.parent, keep=base.with_suffix(".json"))
     except OSError:
         return None
     return str(base.with_suffix(".onnx")) if model_bytes is not None else None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _trim(folder: Path, keep: Path) -> None:

@@ -1,6 +1,20 @@
-"""Reading an ``onnxruntime.SessionOptions`` as ortfuse needs it (no heavy imports)."""
+"""``onnxruntime.SessionOptions`` as ortfuse builds and reads them: the one builder, and the config
+entries ortfuse defines (docs/ARCHITECTURE.md §7). No heavy imports: onnxruntime is imported on use."""
 
 from __future__ import annotations
+
+# config entries read by ortfuse (set by the caller)
+DIMS_KEY = "ortfuse.tune_dims"  # "batch=64,seq=128": the input shapes fusion="auto" is tuned for
+PRECISION_OPTION = "ortfuse.precision"  # "bf16": the precision opt-in (wins over $ORTFUSE_PRECISION)
+# config entries written by ortfuse on options it registered its custom ops on
+REGISTERED_KEY = "ortfuse.custom_ops_registered"
+NATIVE_KEY = "ortfuse.native_ops"
+PYTHON_OPS_KEY = "ortfuse.python_ops"
+# ORT's own entries ortfuse sets
+INTRA_OP_SPINNING = "session.intra_op.allow_spinning"
+INTER_OP_SPINNING = "session.inter_op.allow_spinning"
+
+DEFAULT_SPINNING = False  # timed sessions: ORT's pool threads sleep after a run (docs/ARCHITECTURE.md §8)
 
 
 def config_entry(sess_options, key: str) -> str:
@@ -12,3 +26,32 @@ def config_entry(sess_options, key: str) -> str:
         return sess_options.get_session_config_entry(key)
     except RuntimeError:
         return ""
+
+
+def make_options(level=None, *, threads: int = 0, spinning: bool = True, quiet: bool = False,
+                 precision: str | None = None):
+    """A new ``onnxruntime.SessionOptions``: graph optimization ``level`` (a ``GraphOptimizationLevel``
+    or its name; None: ORT's default), ``threads`` intra-op threads (0: ORT's default), ORT's pool
+    threads sleeping after a run unless ``spinning``, errors-only logging when ``quiet``, and the
+    ``precision`` opt-in entry when one is given."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if level is not None:
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level) if isinstance(level, str) else level
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    if not spinning:
+        so.add_session_config_entry(INTRA_OP_SPINNING, "0")
+        so.add_session_config_entry(INTER_OP_SPINNING, "0")
+    if quiet:
+        so.log_severity_level = 3  # ORT's warnings would break tables and progress bars
+    if precision:
+        so.add_session_config_entry(PRECISION_OPTION, precision)
+    return so
+
+
+def measuring_options(level, *, threads: int = 0, spinning: bool = DEFAULT_SPINNING):
+    """SessionOptions for a session that is timed (bench, tune): ``level``, errors-only logging,
+    ``threads`` intra-op threads (0: ORT's default), pool threads sleeping unless ``spinning``."""
+    return make_options(level, threads=threads, spinning=spinning, quiet=True)

@@ -1,0 +1,357 @@
+"""The comparison itself: for every model and batch, create each configuration's session, check its
+outputs against the reference, measure memory, time all of them with the interleaved protocol, and
+return everything as one JSON-able dict (docs/ARCHITECTURE.md §8)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+from ortfuse.bench import protocol
+from ortfuse.bench.environment import QUIET_THREADS_ENV, environment, load_average, quiet_threads_active
+from ortfuse.bench.inputs import BenchError, ModelSource, file_batch, make_inputs, resolve_model, zoo
+from ortfuse.bench.memory import measure_in_subprocess
+from ortfuse.bench.sessions import (
+    BASELINE,
+    CONFIGS,
+    CONTROL,
+    DEFAULT_CONFIGS,
+    DEFAULT_SPINNING,
+    REFERENCE,
+    make_session,
+)
+from ortfuse.bench.stats import max_abs_diff, summarize
+
+# Defaults of the timing protocol.
+DEFAULT_REPEATS = 5
+DEFAULT_WARMUP = 2  # untimed interleaved passes at the start of every repeat
+DEFAULT_BUDGET_S = 45.0  # with --runs unset: timed passes per (model, batch) take about this long
+MIN_AUTO_RUNS, MAX_AUTO_RUNS = 10, 1000
+DEFAULT_GAP_MS = 0.0
+MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
+SCHEMA = "ortfuse.bench/1"
+
+
+def _order_text(configs) -> str:
+    letter = {c: chr(ord("A") + i) for i, c in enumerate(configs)}
+    orders = ["".join(letter[c] for c in o) for o in protocol.round_orders(configs)]
+    text = f"single runs interleaved, rounds {orders[0]} {orders[0][::-1]}"
+    if len(orders) > 1:
+        text += (
+            f", then {orders[1]} {orders[1][::-1]}, ... ({len(orders)} round orders of a Williams design: "
+            "every config in every slot and next to every other equally often)"
+        )
+    return text
+
+
+def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s) -> dict:
+    return {
+        "configs": list(configs),
+        "baseline": BASELINE,
+        "control": CONTROL if CONTROL in configs else None,
+        "reference": REFERENCE,
+        "order": _order_text(configs),
+        "rotate": len(configs) > 2,
+        "runs": runs if runs else "auto",
+        "auto_runs_budget_s": None if runs else budget_s,
+        "repeats": repeats,
+        "warmup_passes_per_repeat": warmup,
+        "ratio": f"median over repeats of p50(config) / p50({BASELINE}) of the same repeat",
+        "p50": "median over repeats of each repeat's median latency",
+        "p99": "99th percentile of all timed runs of all repeats",
+        "spinning": bool(spinning),
+        "gap_ms": gap_ms,
+        "intra_op_num_threads": threads or "ORT default",
+        "memory": memory,
+        "gc": "Python garbage collection paused while timing",
+        "quiet_threads": quiet_threads_active(),
+        "quiet_threads_env": QUIET_THREADS_ENV if quiet_threads_active() else {},
+    }
+
+
+def bench(
+    models: list[str] | None = None,
+    *,
+    batches: tuple[int, ...] | list[int] = (1,),
+    runs: int | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    configs: tuple[str, ...] | list[str] = DEFAULT_CONFIGS,
+    spinning: bool = DEFAULT_SPINNING,
+    gap_ms: float = DEFAULT_GAP_MS,
+    threads: int = 0,
+    memory: str = "subprocess",
+    seed: int = 0,
+    budget_s: float = DEFAULT_BUDGET_S,
+    progress: bool | None = None,
+    on_start=None,
+    on_result=None,
+) -> dict:
+    """Run the comparison for every model and batch; return everything as a JSON-able dict.
+
+    ``runs=None`` picks the number of timed passes per (model, batch) from a short calibration so
+    that timing takes about ``budget_s`` seconds (10 to 1000 passes, whole Williams cycles). ``memory`` is
+    "subprocess" (peak RSS growth of each configuration alone in a child process), "inprocess"
+    (RSS growth over session creation and its first run in this process: cheap, rougher) or "off".
+    ``on_start(doc)`` is called once the environment and protocol are known (before any session),
+    ``on_result(result)`` after each (model, batch): the CLI prints as the bench goes.
+    """
+    configs = _check_configs(configs)
+    if memory not in ("subprocess", "inprocess", "off"):
+        raise BenchError(f"memory must be subprocess, inprocess or off, got {memory!r}")
+    if repeats < 1 or warmup < 0 or (runs is not None and runs < 1):
+        raise BenchError("--runs and --repeats must be >= 1 and --warmup >= 0")
+    if not batches or any(int(b) < 1 for b in batches):
+        raise BenchError(f"batches must be positive integers, got {batches!r}")
+    if not models:
+        models_zoo = zoo()
+        if models_zoo is None:
+            raise BenchError("no model given and the model zoo (ortfuse.models) is not installed")
+        models = [models_zoo.DEFAULT]
+    sources = [resolve_model(m) for m in models]  # fail early on a bad name
+    started = time.perf_counter()
+    doc = {
+        "schema": SCHEMA,
+        "environment": environment(),
+        "protocol": _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s),
+        "results": [],
+    }
+    if on_start:
+        on_start(doc)
+    with tempfile.TemporaryDirectory(prefix="ortfuse-bench-") as tmp:
+        for src in sources:
+            for result in _bench_model(
+                src,
+                batches,
+                configs,
+                runs,
+                repeats,
+                warmup,
+                spinning,
+                gap_ms,
+                threads,
+                memory,
+                seed,
+                budget_s,
+                progress,
+                tmp,
+            ):
+                doc["results"].append(result)
+                if on_result:
+                    on_result(result)
+    doc["wall_s"] = time.perf_counter() - started
+    return doc
+
+
+def _check_configs(configs) -> list[str]:
+    names = [c.strip() for c in configs if c and c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    if len(set(names)) != len(names):
+        raise BenchError(f"configurations listed twice: {names}")
+    if BASELINE not in names:  # every ratio is against it
+        names.insert(0, BASELINE)
+    return names
+
+
+def _tune_ahead(src: ModelSource, configs, spinning, threads, batch) -> float | None:
+    """Fill the auto policy's cache for this batch before any timed creation (``ortfuse tune`` ahead of
+    time): the seconds it took, 0 when cached already, None without an auto configuration."""
+    if not any(CONFIGS[c].fusion == "auto" for c in configs):
+        return None
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = make_session("ortfuse_auto", src.path, spinning=spinning, threads=threads, batch=batch)
+    cached = ("decisions cached", "plan read from ortfuse's cache")
+    return (
+        0.0
+        if any(n.startswith(c) or c in n for n in sess.fusion_report.notes for c in cached)
+        else time.perf_counter() - t0
+    )
+
+
+def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) -> tuple[dict, dict]:
+    import psutil
+
+    proc = psutil.Process()
+    # One untimed stock session first, so that ORT's once-per-process costs (environment, kernel
+    # registries, first allocations) are not charged to whichever configuration comes first.
+    # Creation in a cold process is measured by the memory child (memory.create_s).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_session(BASELINE, src.path, spinning=spinning, threads=threads)
+    tune_s = _tune_ahead(src, configs, spinning, threads, batch)
+    sessions, info = {}, {}
+    for name in configs:
+        rss0 = proc.memory_info().rss
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
+            create_s = time.perf_counter() - t0
+        rss1 = proc.memory_info().rss
+        report = getattr(sess, "fusion_report", None)
+        info[name] = {
+            "description": CONFIGS[name].description,
+            "create_s": create_s,
+            "rss_create_mb": (rss1 - rss0) / 2**20,
+            "fused_ops": report.counts() if report is not None else None,
+            "fusion_applied": report.applied if report is not None else None,
+            "fusion_reason": report.reason if report is not None else None,
+            "warnings": [str(w.message) for w in caught],
+            "tune_s": tune_s if CONFIGS[name].fusion == "auto" else None,
+        }
+        sessions[name] = sess
+    return sessions, info
+
+
+def _bench_model(
+    src, batches, configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, seed, budget_s, progress, tmp
+):
+    import psutil
+
+    actual = []  # the batches the model runs at, in order, once each
+    for asked in batches:
+        batch = int(asked) if src.zoo is not None else file_batch(src.path, int(asked))
+        if batch not in [b for b, _ in actual]:
+            actual.append((batch, int(asked)))
+    sessions, info = _create_all(src, configs, spinning, threads, actual[0][0])
+    ref_sess = sessions.get(REFERENCE) or make_session(REFERENCE, src.path, spinning=spinning, threads=threads)
+    seen = set()
+    first_batch = True
+    for batch, asked in actual:
+        notes = []
+        if batch != asked:
+            notes.append(f"{src.label} has a fixed batch dimension {batch}; --batch {asked} does not apply")
+        seen.add(batch)
+        if not first_batch:  # auto decisions are measured at the batch the model runs at
+            for name in configs:
+                if CONFIGS[name].fusion == "auto":
+                    tune_s = _tune_ahead(src, [name], spinning, threads, batch)
+                    t0 = time.perf_counter()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        sessions[name] = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
+                    report = sessions[name].fusion_report
+                    info[name] = {
+                        **info[name],
+                        "create_s": time.perf_counter() - t0,
+                        "tune_s": tune_s,
+                        "fused_ops": report.counts(),
+                        "fusion_applied": report.applied,
+                        "fusion_reason": report.reason,
+                    }
+        feeds = make_inputs(src, batch, seed)
+        reference = ref_sess.run(None, feeds)
+        cfg_rows = {}
+        proc = psutil.Process()
+        for name in configs:
+            rss0 = proc.memory_info().rss
+            outs = sessions[name].run(None, feeds)
+            row = dict(info[name])
+            row["max_abs_diff"] = max_abs_diff(outs, reference)
+            row["rss_first_run_mb"] = (proc.memory_info().rss - rss0) / 2**20
+            cfg_rows[name] = row
+        for name in configs:  # creation is charged to the first batch; later ones add their first run
+            created = info[name]["rss_create_mb"] if first_batch else 0.0
+            cfg_rows[name]["rss_inprocess_mb"] = created + cfg_rows[name]["rss_first_run_mb"]
+        first_batch = False
+        if memory == "subprocess":
+            npz = os.path.join(tmp, f"inputs_{len(seen)}.npz")
+            np.savez(npz, **feeds)
+            for name in configs:
+                spec = {
+                    "config": name,
+                    "model": src.path,
+                    "inputs": npz,
+                    "spinning": spinning,
+                    "threads": threads,
+                    "runs": MEMORY_RUNS,
+                    "batch": batch,
+                }
+                cfg_rows[name]["memory"] = measure_in_subprocess(spec, os.path.join(tmp, "memory_spec.json"))
+        runners = {name: _runner(sessions[name], feeds) for name in configs}
+        gap_s = gap_ms / 1e3
+        chosen_runs, calibration = runs, None
+        if chosen_runs is None:
+            calib = protocol.measure(runners, runs=3, repeats=1, warmup=1, gap_s=gap_s)
+            # per pass: each config's median run, its idle gap and ~50 us of Python between runs
+            pass_s = sum(statistics.median(calib[c][0]) for c in configs) / 1e3 + len(configs) * (gap_s + 50e-6)
+            chosen_runs = int(min(MAX_AUTO_RUNS, max(MIN_AUTO_RUNS, round(budget_s / (repeats * pass_s)))))
+            whole = 2 * len(configs)  # whole Williams cycles: slots and neighbours balanced
+            chosen_runs = -(-chosen_runs // whole) * whole
+            calibration = {"pass_s": pass_s, "runs": chosen_runs}
+        bar = _progress_bar(repeats * (warmup + chosen_runs), f"{src.label} batch {batch}", progress)
+        t0 = time.perf_counter()
+        try:
+            raw = protocol.measure(
+                runners,
+                runs=chosen_runs,
+                repeats=repeats,
+                warmup=warmup,
+                gap_s=gap_s,
+                on_pass=bar.update if bar else None,
+            )
+        finally:
+            if bar:
+                bar.close()
+        timing_s = time.perf_counter() - t0
+        stats = summarize(raw, batch, BASELINE, CONTROL if CONTROL in configs else None)
+        for name in configs:
+            cfg_rows[name].update(stats[name])
+            cfg_rows[name]["latencies_ms"] = raw[name]
+        control = None
+        if CONTROL in configs:
+            control = {
+                "config": CONTROL,
+                "ratio": stats[CONTROL]["ratio"],
+                "ratio_per_repeat": stats[CONTROL]["ratio_per_repeat"],
+            }
+        yield {
+            "model": src.label,
+            "zoo": src.zoo,
+            "path": src.path,
+            "description": src.description,
+            "batch": batch,
+            "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
+            "runs": chosen_runs,
+            "repeats": repeats,
+            "warmup": warmup,
+            "calibration": calibration,
+            "timing_s": timing_s,
+            "load_average_after": load_average(),
+            "order": list(configs),
+            "configs": cfg_rows,
+            "control": control,
+            "notes": notes,
+        }
+
+
+def _runner(sess, feeds):
+    run = sess.run
+
+    def call():
+        return run(None, feeds)
+
+    return call
+
+
+def _progress_bar(total: int, desc: str, progress: bool | None):
+    if progress is False:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # progress=None: tqdm decides (shown on a terminal, hidden when stderr is a file or pipe)
+    return tqdm(
+        total=total, desc=desc, unit="pass", file=sys.stderr, leave=False, disable=None if progress is None else False
+    )

@@ -1,0 +1,68 @@
+"""The configurations ``ortfuse bench`` compares, and the timed session each one makes.
+
+Every configuration is its own session on the same model and inputs, on the CPU provider:
+
+    ort_disable_all    stock onnxruntime.InferenceSession, ORT_DISABLE_ALL (numeric reference)
+    ort_enable_all     stock onnxruntime.InferenceSession, ORT_ENABLE_ALL (baseline of every ratio)
+    ortfuse_auto       ortfuse.InferenceSession(fusion="auto"), ORT_ENABLE_ALL
+    ortfuse_numba      ortfuse.InferenceSession(fusion=True), ORT_ENABLE_ALL
+    ort_enable_all_b   a second, independent stock ORT_ENABLE_ALL session: the A/A control
+
+Sessions are built with ``measuring_options`` (ortfuse.runtime.session_options), the same options
+``ortfuse tune`` times with. This module imports neither onnxruntime nor ortfuse until a session is
+made, so the memory child (``ortfuse.bench.memory``) makes its one session without the rest of the bench.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortfuse.runtime.session_options import DEFAULT_SPINNING, DIMS_KEY, measuring_options
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    runtime: str  # "onnxruntime" (stock) or "ortfuse"
+    level: str  # name of an onnxruntime.GraphOptimizationLevel
+    fusion: object  # ortfuse's fusion= argument; None for stock sessions
+    description: str
+
+    @property
+    def stock(self) -> bool:
+        return self.runtime == "onnxruntime"
+
+
+REFERENCE = "ort_disable_all"  # numeric reference for max |diff|
+BASELINE = "ort_enable_all"  # denominator of every ratio
+CONTROL = "ort_enable_all_b"  # A/A control: identical to BASELINE, measured the same way
+
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config(REFERENCE, "onnxruntime", "ORT_DISABLE_ALL", None, "stock onnxruntime, graph optimizations off"),
+        Config(BASELINE, "onnxruntime", "ORT_ENABLE_ALL", None, "stock onnxruntime, all graph optimizations"),
+        Config("ortfuse_auto", "ortfuse", "ORT_ENABLE_ALL", "auto", 'ortfuse fusion="auto"'),
+        # Later: numba kernels forced for every fused op; for now the same as fusion=True.
+        Config("ortfuse_numba", "ortfuse", "ORT_ENABLE_ALL", True, "ortfuse fusion=True"),
+        Config(CONTROL, "onnxruntime", "ORT_ENABLE_ALL", None, "A/A control: second stock ORT_ENABLE_ALL session"),
+    )
+}
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
+
+
+def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1):
+    """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider.
+    A ``fusion="auto"`` session is tuned for inputs of ``batch``."""
+    import onnxruntime as ort
+
+    cfg = CONFIGS[config] if isinstance(config, str) else config
+    so = measuring_options(cfg.level, threads=threads, spinning=spinning)
+    providers = ["CPUExecutionProvider"]
+    if cfg.fusion == "auto":
+        so.add_session_config_entry(DIMS_KEY, f"batch={int(batch)}")
+    if cfg.stock:
+        return ort.InferenceSession(model, so, providers=providers)
+    import ortfuse
+
+    return ortfuse.InferenceSession(model, so, providers=providers, fusion=cfg.fusion)

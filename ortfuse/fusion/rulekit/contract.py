@@ -1,0 +1,102 @@
+"""The rule contract (docs/ARCHITECTURE.md §4): a module of ``ortfuse.fusion.rules``, named after its
+pattern id, declares ``RULE = PatternRule(...)``; ``ortfuse.fusion.catalogue`` derives every table
+(ids, matchers, specs, native kernels, lowering forms) from these declarations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    import onnx
+
+    from ortfuse.custom_ops.specs import OpSpec
+    from ortfuse.fusion.rulekit.lowering import Context
+    from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
+    from ortfuse.ir.graph import GraphIndex
+
+# (graph, anchor node) -> a Match, a Reject with its reason, or None (not a candidate here)
+Matcher = Callable[["GraphIndex", "onnx.NodeProto"], Union["Match", "Reject", None]]
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """A native (numba) op type that computes one of the rule's specs: the spec's own name for
+    float32, or a variant under another dtype (float16) or numeric contract (bf16 products).
+
+    The registry offers it where the native path has registered ``op_type`` and the CPU reports
+    ``cpu_features``; ``misfit(match)`` says why it does not suit one match ("" when it does)."""
+
+    op: str  # the spec it computes
+    op_type: str = ""  # the registered op type; "" = ``op``
+    dtype: str = "float32"
+    precision: str = "fp32"  # "fp32": float32 products; "bf16": bf16 products (only under that opt-in)
+    isa: str = ""  # "" = the level numba compiles for in this process; else that level (e.g. "amx")
+    cpu_features: tuple[str, ...] = ()
+    priority: int = 10  # lowered forms rank against this; the reference path is 0
+    misfit: Callable[[Match], str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.op_type or self.op
+
+
+@dataclass(frozen=True)
+class LoweringForm:
+    """A spec written as operators ORT already has: ``build(match, ctx)`` returns the nodes or the
+    reason it does not apply. ``priorities`` maps each epilogue it serves (the match's
+    ``activation``; "" = none) to its priority against the other kernels of the spec;
+    ``native_ops`` names the native op an epilogue's nodes end in (offered only where it exists).
+    ``name`` is unique across rules: ``fuse(kernels="lowered:<name>")`` forces it."""
+
+    name: str
+    op: str
+    summary: str  # the report's label after "lowered to ORT: "
+    build: Callable[[Match, Context], Lowered | str]
+    priorities: Mapping[str, int]
+    native_ops: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A small graph the shared harness (tests/test_rules.py) runs through ``fuse(model, [rule id])``.
+
+    ``reason`` None: the rule fuses it ``fuses`` times and the fused model gives the outputs of the
+    unfused one on stock ORT. A string: a near-miss, not fused; the report rejects it with a reason
+    containing that text ("": no candidate is reported at all)."""
+
+    name: str
+    build: Callable[[], onnx.ModelProto]
+    reason: str | None = None
+    fuses: int = 1
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """One fusion pattern. ``order``: priority, lower first (an earlier pattern claims nodes first);
+    ``matcher`` is tried at every unclaimed node in graph order; ``specs``: the fused op(s) its
+    matches name (``Match.op``), each with its numpy reference; ``native`` and ``lowering``: the
+    kernels beyond the reference that serve them; ``explains_near_misses``: a candidate missed only
+    because an intermediate tensor is used elsewhere is reported with that reason;
+    ``yields_to_ort``: nodes ORT fuses itself (``ort_territory``) are left to it."""
+
+    id: str
+    order: int
+    matcher: Matcher
+    specs: tuple[OpSpec, ...]
+    examples: tuple[Example, ...]
+    native: tuple[NativeKernel, ...] = ()
+    lowering: tuple[LoweringForm, ...] = ()
+    explains_near_misses: bool = True
+    yields_to_ort: bool = False
+
+    def __post_init__(self) -> None:
+        names = {s.name for s in self.specs}
+        wrong = [s.name for s in self.specs if s.pattern_id != self.id]
+        wrong += [k.name for k in self.native if k.op not in names]
+        wrong += [f.name for f in self.lowering if f.op not in names]
+        if not self.specs or wrong:
+            raise ValueError(f"rule {self.id}: no spec, or {wrong} name a spec of another pattern")
+        if not any(e.reason is None for e in self.examples) or not any(e.reason is not None for e in self.examples):
+            raise ValueError(f"rule {self.id}: needs a matching example and a near-miss example")

@@ -1,0 +1,111 @@
+"""The conv core shared by the conv rules: Conv [-> Add(const per-channel bias)] [-> BatchNormalization]
+with BN and bias folded into the weights, the fused op's conv attributes, and their lowered form.
+
+BN and the exporter-style bias (Constant -> Reshape -> Add) are folded into the weights at rewrite
+time (inference only): W' = W * g / sqrt(var + eps), B' = (B - mean) * g / sqrt(var + eps) + beta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ortfuse.custom_ops.reference import ints
+from ortfuse.fusion.rulekit.checks import attr, float32_problem
+from ortfuse.fusion.rulekit.result import Match, Reject
+from ortfuse.ir.graph import GraphIndex
+
+# the conv attributes of a fused conv op (``OpSpec.attrs``), as ``fused_attrs`` writes them
+CONV_SPEC_ATTRS: dict[str, type] = {"strides": str, "pads": str, "dilations": str, "group": int, "activation": str}
+
+
+@dataclass
+class ConvCore:
+    nodes: list[onnx.NodeProto]
+    output: str
+    weight: np.ndarray
+    bias: np.ndarray
+    attrs: dict
+    has_bn: bool
+    has_bias_add: bool
+
+
+def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore | Reject | None:
+    """Conv [-> Add(const per-channel bias)] [-> BatchNormalization], BN and bias folded."""
+    if conv.op_type != "Conv" or not conv.input[0]:
+        return None
+    w = ix.const(conv.input[1])
+    if w is None:
+        return Reject(pattern_id, [conv], f"Conv weight '{conv.input[1]}' is not a constant")
+    if w.ndim != 4:
+        return Reject(pattern_id, [conv], f"only 2-D convolutions are fused (weight rank {w.ndim})")
+    problem = float32_problem(ix, conv.input[0], conv.output[0])
+    if problem or w.dtype != np.float32:
+        return Reject(pattern_id, [conv], problem or f"no kernel for dtype {w.dtype} weights")
+    auto_pad = attr(conv, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        return Reject(pattern_id, [conv], f"Conv auto_pad={auto_pad} is not supported")
+    m = w.shape[0]
+    bias = np.zeros(m, np.float64)
+    if len(conv.input) > 2 and conv.input[2]:
+        b = ix.const(conv.input[2])
+        if b is None:
+            return Reject(pattern_id, [conv], f"Conv bias '{conv.input[2]}' is not a constant")
+        bias = b.astype(np.float64).reshape(m)
+    conv_attrs = {
+        "strides": list(attr(conv, "strides", [1, 1])),
+        "pads": [0, 0, 0, 0] if auto_pad == "VALID" else list(attr(conv, "pads", [0, 0, 0, 0])),
+        "dilations": list(attr(conv, "dilations", [1, 1])),
+        "group": int(attr(conv, "group", 1)),
+    }
+    nodes, out, weight = [conv], conv.output[0], w.astype(np.float64)
+    has_bias_add = has_bn = False
+    add = ix.only_consumer(out)
+    if add is not None and add.op_type == "Add":
+        b = ix.const(ix.other_input(add, out) or "")
+        # per-channel means shape [M,1,1] or [1,M,1,1]; a 1-D [M] would broadcast along the width
+        per_channel = b is not None and b.shape in ((m, 1, 1), (1, m, 1, 1))
+        uniform = b is not None and b.size == 1 and b.ndim <= 4
+        if per_channel or uniform:
+            bias = bias + np.broadcast_to(b.astype(np.float64).reshape(-1), (m,))
+            nodes.append(add)
+            out = add.output[0]
+            has_bias_add = True
+    bn = ix.only_consumer(out)
+    if bn is not None and bn.op_type == "BatchNormalization" and bn.input[0] == out:
+        params = [ix.const(name) for name in bn.input[1:5]]
+        per_channel = all(p is not None and p.size == m for p in params) and attr(bn, "spatial", 1) == 1
+        if per_channel and not attr(bn, "training_mode", 0) and not any(bn.output[1:]):
+            gamma, beta, mean, var = (p.astype(np.float64).reshape(m) for p in params)
+            scale = gamma / np.sqrt(var + float(attr(bn, "epsilon", 1e-5)))
+            weight = weight * scale.reshape(m, 1, 1, 1)
+            bias = (bias - mean) * scale + beta
+            nodes.append(bn)
+            out = bn.output[0]
+            has_bn = True
+    return ConvCore(nodes, out, weight.astype(np.float32), bias.astype(np.float32), conv_attrs, has_bn, has_bias_add)
+
+
+def fused_attrs(core: ConvCore, activation: str) -> dict:
+    """The fused op's conv attributes (``CONV_SPEC_ATTRS``) with its epilogue."""
+    a = core.attrs
+    return {"strides": ",".join(map(str, a["strides"])), "pads": ",".join(map(str, a["pads"])),
+            "dilations": ",".join(map(str, a["dilations"])), "group": a["group"], "activation": activation}
+
+
+def folded_weights(ix: GraphIndex, core: ConvCore, node: onnx.NodeProto) -> list[onnx.TensorProto]:
+    """The folded weight and bias as new initializers, with names unused in the graph."""
+    base = f"{ix.name_of(node)}_fused"
+    return [numpy_helper.from_array(core.weight, ix.unique_name(f"{base}_W")),
+            numpy_helper.from_array(core.bias, ix.unique_name(f"{base}_B"))]
+
+
+def conv_node_attrs(m: Match) -> dict:
+    """A fused conv match's attributes as a Conv (or com.microsoft:FusedConv) node takes them."""
+    a = m.attrs
+    return {"strides": ints(a["strides"]), "pads": ints(a["pads"]), "dilations": ints(a["dilations"]),
+            "group": int(a["group"])}

@@ -1,0 +1,165 @@
+"""conv_bn_relu: a Conv with its bias Add, BatchNormalization and activation epilogue (Relu, Clip,
+HardSigmoid, HardSwish or SiLU), any of them optional but one, as one FusedConvAct."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+from onnx import helper
+
+from ortfuse.custom_ops import reference
+from ortfuse.custom_ops.specs import OpSpec
+from ortfuse.fusion.rulekit.checks import intermediate_problem
+from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
+from ortfuse.fusion.rulekit.conv import (
+    CONV_SPEC_ATTRS,
+    ConvCore,
+    conv_core,
+    conv_node_attrs,
+    folded_weights,
+    fused_attrs,
+)
+from ortfuse.fusion.rulekit.epilogues import match_conv_activation
+from ortfuse.fusion.rulekit.examples import model, weights
+from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, then
+from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
+from ortfuse.ir.graph import GraphIndex
+
+ID = "conv_bn_relu"
+
+
+# Conv [-> Add(bias)] [-> BatchNormalization] [-> Relu | Clip | HardSigmoid | HardSwish | SiLU]
+#   ->   FusedConvAct(X, W', B')
+def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
+    core = conv_core(ix, anchor, ID)
+    if not isinstance(core, ConvCore):
+        return core
+    epi = match_conv_activation(ix, core.output)
+    nodes, out, kind, alpha, beta = core.nodes, core.output, "", 0.0, 0.0
+    if epi is not None:
+        problem = intermediate_problem(ix, core.nodes + epi.nodes, epi.output)
+        if not problem:
+            nodes, out = core.nodes + epi.nodes, epi.output
+            kind, alpha, beta = epi.kind, epi.alpha, epi.beta
+        elif len(core.nodes) == 1:
+            return Reject(ID, core.nodes + epi.nodes, problem)
+    if len(nodes) == 1:
+        return None  # a bare Conv: nothing to fuse
+    problem = intermediate_problem(ix, nodes, out)
+    if problem:
+        return Reject(ID, nodes, problem)
+    inits = folded_weights(ix, core, anchor)
+    return Match(ID, "FusedConvAct", nodes, [anchor.input[0]] + [w.name for w in inits], out,
+                 {**fused_attrs(core, kind), "alpha": alpha, "beta": beta}, inits)
+
+
+# FusedConvAct(X, W, B; conv attrs, activation, alpha, beta) = act(conv(X, W) + B)
+def _reference(x, w, b, **a):
+    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
+                              group=a["group"], activation_kind=a["activation"], alpha=a["alpha"], beta=a["beta"])
+
+
+SPEC = OpSpec("FusedConvAct", ID, ("X", "W", "B"), {**CONV_SPEC_ATTRS, "alpha": float, "beta": float}, _reference)
+
+
+# ------------------------------------------------------------------------------------------------
+# lowering forms. com.microsoft:FusedConv(X, W, B) = act(Conv(X, W) + B), act one of Relu, Tanh,
+# Sigmoid, LeakyRelu, Clip(min, max), HardSigmoid(alpha, beta) (``activation_params``); ORT 1.32
+# rejects Silu.
+# ------------------------------------------------------------------------------------------------
+FUSEDCONV_ACTIVATIONS = {"relu": "Relu", "clip": "Clip", "hardsigmoid": "HardSigmoid"}
+
+
+# Conv(+BN folded) -> Relu | Clip | HardSigmoid   ->   com.microsoft:FusedConv(X, W', B'; activation)
+def lower_fusedconv(m: Match, ctx: Context) -> Lowered | str:
+    """act(conv(X, W) + B) as one FusedConv; act in Relu, Clip(min, max), HardSigmoid(alpha, beta)."""
+    kind = m.attrs["activation"]
+    if kind not in FUSEDCONV_ACTIVATIONS:
+        return f"FusedConv has no '{kind}' activation"
+    attrs = {**conv_node_attrs(m), "activation": FUSEDCONV_ACTIVATIONS[kind]}
+    if kind in ("clip", "hardsigmoid"):
+        attrs["activation_params"] = [float(m.attrs["alpha"]), float(m.attrs["beta"])]
+    return Lowered([node("FusedConv", m.inputs[:3], [m.output], domain=MS_DOMAIN, **attrs)])
+
+
+# Conv(+BN folded), no epilogue   ->   Conv(X, W', B')
+def lower_conv(m: Match, ctx: Context) -> Lowered | str:
+    """conv(X, W) + B as a plain Conv (BN and bias Add folded into W, B)."""
+    if m.attrs["activation"]:
+        return "a plain Conv has no epilogue"
+    return Lowered([node("Conv", m.inputs[:3], [m.output], **conv_node_attrs(m))])
+
+
+def _conv_then(style: str) -> Callable[[Match, Context], Lowered | str]:
+    def build(m: Match, ctx: Context) -> Lowered | str:
+        kind = m.attrs["activation"]
+        if not kind:
+            return "no epilogue to lower"
+        y = ctx.fresh("conv")
+        conv = node("Conv", m.inputs[:3], [y], **conv_node_attrs(m))
+        return then([conv], epilogue(kind, y, m.output, ctx, m.attrs["alpha"], m.attrs["beta"], style))
+    build.__doc__ = f"act(conv(X, W) + B) as Conv then the epilogue ({style} style, see ``rulekit.lowering.epilogue``)."
+    return build
+
+
+# Conv(+BN folded) -> HardSwish | SiLU   ->   Conv -> ai.onnx.contrib:FusedHardSwish | FusedSiLU (native)
+lower_conv_native_epilogue = _conv_then("native")
+# Conv(+BN folded) -> any epilogue   ->   Conv -> ORT ops (HardSwish op at opset >= 14, Sigmoid -> Mul, ...)
+lower_conv_ort_epilogue = _conv_then("ort")
+# Conv(+BN folded) -> HardSwish   ->   Conv -> HardSigmoid -> Mul
+lower_conv_decomposed_epilogue = _conv_then("decomposed")
+
+# Priorities, from `python tools/lowering_bench.py` on the zoo's convs (resnet50, mobilenetv3_block):
+# - Relu / Clip / HardSigmoid: FusedConv and Conv + activation op tie; FusedConv is one node (what ORT
+#   makes itself), so it ranks first. Without an epilogue (Conv + BN): a plain Conv.
+# - HardSwish: Conv + native FusedHardSwish is clearly ahead; Conv + HardSwish op and Conv +
+#   HardSigmoid + Mul tie (the op is one node), and serve where the native op is not registered.
+# - SiLU: Conv + Sigmoid + Mul (ORT makes QuickGelu of it) and Conv + native FusedSiLU tie; the ORT
+#   ops need no custom op, so they rank first.
+LOWERING = (
+    LoweringForm("fusedconv", "FusedConvAct", "com.microsoft:FusedConv", lower_fusedconv,
+                 {"relu": 30, "clip": 30, "hardsigmoid": 30}),
+    LoweringForm("conv", "FusedConvAct", "Conv", lower_conv, {"": 30}),
+    LoweringForm("conv_native_epilogue", "FusedConvAct", "Conv + native FusedHardSwish | FusedSiLU",
+                 lower_conv_native_epilogue, {"hardswish": 30, "silu": 25},
+                 native_ops={"hardswish": "FusedHardSwish", "silu": "FusedSiLU"}),
+    LoweringForm("conv_ort_epilogue", "FusedConvAct", "Conv + epilogue ops", lower_conv_ort_epilogue,
+                 {"relu": 20, "clip": 20, "hardsigmoid": 20, "hardswish": 26, "silu": 30}),
+    LoweringForm("conv_decomposed_epilogue", "FusedConvAct", "Conv + HardSigmoid + Mul",
+                 lower_conv_decomposed_epilogue, {"hardswish": 25}),
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# examples
+# ------------------------------------------------------------------------------------------------
+def _conv_then_ops(*ops: str, conv_is_output: bool = False, weight_input: bool = False) -> onnx.ModelProto:
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t0"], name="conv", strides=[2, 1], pads=[1, 0, 1, 1])]
+    constants = {"b": weights([4], seed=1)}
+    for k, op in enumerate(ops, 1):
+        if op == "BatchNormalization":
+            nodes.append(helper.make_node(op, [f"t{k - 1}", "g", "beta", "mean", "var"], [f"t{k}"], name="bn"))
+            constants |= {"g": weights([4], 2) + 1, "beta": weights([4], 3), "mean": weights([4], 4),
+                          "var": abs(weights([4], 5)) + 0.5}
+        else:
+            nodes.append(helper.make_node(op, [f"t{k - 1}"], [f"t{k}"], name=op.lower()))
+    inputs = {"x": [2, 3, 8, 7]}
+    if weight_input:
+        inputs["w"] = [4, 3, 3, 3]
+    else:
+        constants["w"] = weights([4, 3, 3, 3])
+    return model(nodes, inputs, [f"t{len(ops)}"] + (["t0"] if conv_is_output else []), constants)
+
+
+RULE = PatternRule(
+    id=ID, order=20, matcher=match, specs=(SPEC,), lowering=LOWERING,
+    examples=(
+        Example("conv_bn_relu", lambda: _conv_then_ops("BatchNormalization", "Relu")),
+        Example("conv_hardswish", lambda: _conv_then_ops("HardSwish")),
+        Example("weight_computed_at_run_time", lambda: _conv_then_ops("Relu", weight_input=True),
+                reason="Conv weight 'w' is not a constant"),
+        Example("conv_output_is_a_graph_output", lambda: _conv_then_ops("Relu", conv_is_output=True),
+                reason="intermediate tensor 't0' is a graph output"),
+    ),
+)

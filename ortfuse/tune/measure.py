@@ -1,0 +1,276 @@
+"""Measuring ``fusion="auto"``'s decisions: each legal match cut out into a subgraph and timed against
+stock ORT, then the whole model with the kept fusions (docs/ARCHITECTURE.md §8).
+
+Per legal match found by ``fuse``:
+- cut the replaced nodes out into a standalone model, constants as initializers, fed with the very
+  tensors they receive in the model (one stock ORT run on sample inputs records them: real shapes,
+  real values);
+- time stock ORT on that subgraph against ortfuse's replacement of it (``fuse`` of the same pattern),
+  both at the caller's optimization level and thread count, single runs interleaved A B B A
+  (``ortfuse.bench.protocol``), median over repeats; matches with equal pattern, op types,
+  attributes and shapes are measured once;
+- keep the fusion when ``fused_ms <= (1 - MARGIN) * ort_ms``, it was faster in every repeat, and its
+  outputs agree with ORT's.
+Then the whole model with the kept fusions is timed against stock ORT the same way; unless its ratio
+is at most ``MODEL_LIMIT`` and below 1 in every repeat, nothing is kept (the guarantee: ``auto`` is
+never slower than ORT; a fusion that only ties ORT within the noise of this machine is not worth it).
+
+Fused models run on stock ORT sessions with ortfuse's ops registered (``ortfuse.runtime``), as
+``ortfuse.InferenceSession`` runs a model ``fuse`` rewrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortfuse.bench import protocol
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
+from ortfuse.fusion.rewrite import fuse
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.kernels import registry
+from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
+from ortfuse.runtime.reference_runs import run_guarded
+from ortfuse.runtime.session_options import PRECISION_OPTION, measuring_options
+from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning
+
+SUBGRAPH_BUDGET_S = 0.25  # timed wall time per distinct subgraph (both sides together)
+MODEL_BUDGET_S = 3.0  # timed wall time of the whole-model check
+REPEATS = 3
+CLEAR_LOSS = 2.0  # a fused subgraph this many times slower than ORT at first look is not timed further
+MIN_RUNS, MAX_RUNS = 3, 60
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4  # a fused subgraph whose outputs differ more is not kept
+# under the bf16 opt-in (PRECISION_OPTION): bf16 products, |error| <~ 2^-7 sum|x w| (tests/test_amx.py)
+BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-5, 2.0**-6  # atol times max(1, max|ORT output|)
+CPU = ["CPUExecutionProvider"]
+
+
+def measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32) -> Tuning:
+    """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds."""
+    _, report = fuse(model, ids, precision=precision)
+    candidates = report.fused
+    tuning = Tuning(key)
+    if not candidates:
+        return tuning
+    ix = GraphIndex(model, infer_shapes=False)
+    by_name = {ix.name_of(n): n for n in ix.graph.node}
+    cuts = [_cut(ix, [by_name[n] for n in rec.nodes]) for rec in candidates]
+    captured = _capture(model, {t for cut in cuts for t in cut.runtime_inputs + cut.outputs}, sample)
+    measured: dict[str, Decision] = {}
+    with _progress_bar(len(candidates), progress) as bar:
+        for rec, cut in zip(candidates, cuts):
+            micro, micro_feeds = cut.model(model, captured)
+            signature = cut.signature(micro_feeds)
+            if signature not in measured:
+                measured[signature] = _measure_subgraph(micro, micro_feeds, rec.pattern_id, level, threads, precision)
+            found = measured[signature]
+            tuning.decisions.append(dataclasses.replace(found, pattern_id=rec.pattern_id, nodes=list(rec.nodes)))
+            bar.update(1)
+    if any(d.keep for d in tuning.decisions):
+        tuning.model_check = _check_model(model, ids, tuning, level, threads, sample, precision)
+    return tuning
+
+
+@dataclass
+class _Cut:
+    """The nodes of one match, with what they read from the rest of the graph."""
+
+    nodes: list[onnx.NodeProto]
+    runtime_inputs: list[str]
+    constants: dict[str, np.ndarray]
+    outputs: list[str]
+
+    def model(self, whole: onnx.ModelProto, captured: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict]:
+        micro_feeds = {t: captured[t] for t in self.runtime_inputs}
+        inputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                  for t, a in micro_feeds.items()]
+        outputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(captured[t].dtype),
+                                                 captured[t].shape) for t in self.outputs]
+        inits = [numpy_helper.from_array(v, name) for name, v in self.constants.items()]
+        graph = helper.make_graph(list(self.nodes), "ortfuse_tune_subgraph", inputs, outputs, initializer=inits)
+        micro = helper.make_model(graph, opset_imports=list(whole.opset_import))
+        micro.ir_version = whole.ir_version
+        return micro, micro_feeds
+
+    def signature(self, micro_feeds: dict) -> str:
+        h = hashlib.sha256()
+        for n in self.nodes:
+            h.update(f"{n.domain}:{n.op_type}:{[(a.name, str(helper.get_attribute_value(a))) for a in n.attribute]}"
+                     .encode())
+        for t in self.runtime_inputs:
+            h.update(f"in{micro_feeds[t].shape}{micro_feeds[t].dtype}".encode())
+        for v in self.constants.values():
+            h.update(f"c{v.shape}{v.dtype}".encode())
+        return h.hexdigest()
+
+
+def _cut(ix: GraphIndex, nodes: list[onnx.NodeProto]) -> _Cut:
+    inside = {id(n) for n in nodes}
+    produced = {o for n in nodes for o in n.output if o}
+    runtime, constants = [], {}
+    for n in nodes:
+        for t in n.input:
+            if not t or t in produced or t in runtime or t in constants:
+                continue
+            value = ix.const(t)
+            if value is None:
+                runtime.append(t)
+            else:
+                constants[t] = value
+    outputs = [o for n in nodes for o in n.output if o and (
+        o in ix.graph_outputs or any(id(c) not in inside for c in ix.consumers_of(o)))]
+    return _Cut(sorted(nodes, key=lambda n: ix.position[id(n)]), runtime, constants, outputs or [nodes[-1].output[0]])
+
+
+def _capture(model: onnx.ModelProto, tensors: set[str], sample: dict) -> dict[str, np.ndarray]:
+    """The values of ``tensors`` when the model runs on ``sample`` (stock ORT, ORT_DISABLE_ALL)."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    wanted = sorted(tensors)
+    extra = [t for t in wanted if t not in present and t not in sample]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in extra)
+    so = _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, 0)
+    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=CPU)
+    names = [o.name for o in sess.get_outputs()]
+    values = dict(zip(names, sess.run(None, sample)))
+    values.update(sample)
+    return {t: values[t] for t in wanted}
+
+
+def _options(level, threads: int, precision: str = registry.FP32):
+    so = measuring_options(level, threads=threads, spinning=False)
+    if precision != registry.FP32:
+        so.add_session_config_entry(PRECISION_OPTION, precision)
+    return so
+
+
+def _fused_runner(fused: onnx.ModelProto, sess_options, disabled_optimizers=()) -> tuple[Callable | None, str]:
+    """A function running ``fused`` (a model ``fuse`` returned) on its feeds, on stock ORT with
+    ortfuse's ops registered and runs guarded where it holds reference kernels, as
+    ``ortfuse.InferenceSession`` runs it; or (None, why the native ops could not be registered)."""
+    import onnxruntime as ort
+
+    reference_inputs = reference_op_inputs(fused)
+    if any(n.domain == DOMAIN for n in fused.graph.node):
+        sess_options, why_not = with_custom_ops(sess_options, frozenset(native_op_types(fused)),
+                                                python_ops=reference_inputs is not None)
+        if why_not:
+            return None, why_not
+    extra = {"disabled_optimizers": set(disabled_optimizers)} if disabled_optimizers else {}
+    sess = ort.InferenceSession(fused.SerializeToString(), sess_options, providers=CPU, **extra)
+    if reference_inputs is None:
+        return (lambda feeds: sess.run(None, feeds)), ""
+    return (lambda feeds: run_guarded(sess.run, None, False, None, feeds)), ""
+
+
+def _fuse_and_open(model, ids, sess_options, keep=None, precision: str = registry.FP32, *, disable: bool = True):
+    """(run function, report) of ``model`` fused with ``ids``; when the native ops cannot be
+    registered, fused again with kernels that need none (warned once, as a session does)."""
+    fused, report = fuse(model, ids, keep=keep, precision=precision)
+    run, why_not = _fused_runner(fused, sess_options, report.disabled_ort_optimizers if disable else ())
+    if why_not:
+        warn_native_fallback(why_not, stacklevel=4)
+        fused, report = fuse(model, ids, registry.NO_NATIVE, keep=keep, precision=precision)
+        run, _ = _fused_runner(fused, sess_options, report.disabled_ort_optimizers if disable else ())
+    return run, report
+
+
+def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str, level, threads,
+                      precision: str = registry.FP32) -> Decision:
+    import onnxruntime as ort
+
+    stock = ort.InferenceSession(micro.SerializeToString(), _options(level, threads), providers=CPU)
+    fused, report = _fuse_and_open(micro, [pattern_id], _options(level, threads, precision), precision=precision)
+    if len(report.fused) != 1:
+        return Decision(pattern_id, [], False, "auto: the match does not fuse on its own subgraph "
+                                               f"({report.reason}); left to ORT")
+    expected, got = stock.run(None, micro_feeds), fused(micro_feeds)
+    for e, g in zip(expected, got):
+        rtol, atol = CHECK_RTOL, CHECK_ATOL
+        if precision == registry.BF16:
+            finite = np.abs(e[np.isfinite(e)]) if e.size else np.zeros(1)
+            rtol, atol = BF16_CHECK_RTOL, BF16_CHECK_ATOL * max(1.0, float(finite.max()) if finite.size else 1.0)
+        if e.shape != g.shape or not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
+            return Decision(pattern_id, [], False, f"auto: fused output differs from ORT's beyond rtol {rtol:g}, "
+                                                   f"atol {atol:g}; left to ORT (run `ortfuse verify`)")
+    fused_run, ort_run = (lambda: fused(micro_feeds)), (lambda: stock.run(None, micro_feeds))
+    fused_ms, ort_ms = _best_of(fused_run, ort_run, 3)
+    if fused_ms > CLEAR_LOSS * ort_ms:  # far behind: no need to time it precisely
+        return Decision(pattern_id, [], False, f"auto: fused {fused_ms:.3f} ms vs ORT {ort_ms:.3f} ms on its subgraph "
+                                               f"(best of 3; ratio {fused_ms / ort_ms:.2f})", fused_ms, ort_ms)
+    fused_ms, ort_ms, ratios = _time_pair(fused_run, ort_run, SUBGRAPH_BUDGET_S)
+    ratio = fused_ms / ort_ms
+    if ratio <= 1 - MARGIN and max(ratios) < 1:
+        return Decision(pattern_id, [], True, f"auto: fused {ratio:.2f}x ORT on its subgraph", fused_ms, ort_ms)
+    why = f"ratio {ratio:.2f} > {1 - MARGIN:.2f}" if ratio > 1 - MARGIN else \
+        f"ratio {ratio:.2f}, but {max(ratios):.2f} in one repeat: not faster in every repeat"
+    return Decision(pattern_id, [], False, f"auto: fused {fused_ms:.3f} ms vs ORT {ort_ms:.3f} ms on its subgraph "
+                                           f"({why})", fused_ms, ort_ms)
+
+
+def _best_of(fused_run, ort_run, n: int) -> tuple[float, float]:
+    """(fused, ORT) fastest of ``n`` alternated single runs after one untimed run each, in ms: a quick
+    first look (first runs pay for allocations and thread-pool start-up)."""
+    fused_run()
+    ort_run()
+    best = {"fused": float("inf"), "ort": float("inf")}
+    for _ in range(n):
+        for name, fn in (("fused", fused_run), ("ort", ort_run)):
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+    return best["fused"], best["ort"]
+
+
+def _time_pair(fused_run, ort_run, budget_s: float) -> tuple[float, float, list[float]]:
+    """(fused p50, ORT p50, fused/ORT p50 ratio of each repeat): ms, medians over REPEATS of
+    interleaved A B B A single runs."""
+    t0 = time.perf_counter()
+    fused_run()
+    ort_run()
+    once = max(time.perf_counter() - t0, 1e-6)
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / REPEATS / once)))
+    raw = protocol.measure({"fused": fused_run, "ort": ort_run}, runs=runs, repeats=REPEATS, warmup=1)
+    p50 = {k: statistics.median(protocol.p50_per_repeat(v)) for k, v in raw.items()}
+    return p50["fused"], p50["ort"], protocol.ratio_per_repeat(raw["fused"], raw["ort"])
+
+
+def _check_model(model, ids, tuning: Tuning, level, threads, sample, precision: str = registry.FP32) -> dict:
+    import onnxruntime as ort
+
+    stock = ort.InferenceSession(model.SerializeToString(), _options(level, threads), providers=CPU)
+    # a model fuse rewrote runs as a session runs a saved-fused model: no ORT optimizer disabled
+    fused, report = _fuse_and_open(model, ids, _options(level, threads, precision), tuning.keep_rule(), precision,
+                                   disable=False)
+    fused_ms, ort_ms, ratios = _time_pair(lambda: fused(sample), lambda: stock.run(None, sample), MODEL_BUDGET_S)
+    ratio = fused_ms / ort_ms
+    return {"fused_ms": fused_ms, "ort_ms": ort_ms, "ratio": ratio, "ratios": ratios,
+            "passed": ratio <= MODEL_LIMIT and max(ratios) < 1, "fused_ops": len(report.fused)}
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int, enabled: bool):
+    if enabled:
+        from tqdm import tqdm
+
+        with tqdm(total=total, desc="measuring fused ops", unit="op") as bar:
+            yield bar
+    else:
+        class _Null:
+            def update(self, n):
+                pass
+
+        yield _Null()
