@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import onnxruntime as _ort
 
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.fusion.catalogue import validate_patterns
+from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
 from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
@@ -155,7 +155,8 @@ def _plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) ->
     fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix."""
     if fusion is False:
         return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it")
-    explicit = validate_patterns(fusion_patterns) if fusion_patterns is not None else None
+    check_pattern_ids(fusion_patterns)
+    explicit = fusion_patterns
     why_not = _options_forbid_fusion(sess_options)
     if why_not:
         return None, _stepped_aside(why_not, fusion)
@@ -226,7 +227,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[_Pl
             return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), []
         if not request.enabled:
             return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT"), []
-    patterns = explicit if explicit is not None else validate_patterns(request.patterns)
+    patterns = validate_patterns(explicit if explicit is not None else request.patterns)
     stale = request.digest is not None and request.digest != metadata.graph_digest(model)
     if stale:  # the graph changed after annotation: matching runs on the graph as it is now
         _warn_stale(stacklevel=5)

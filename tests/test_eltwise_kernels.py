@@ -28,6 +28,7 @@ import pytest
 
 from ortfuse.custom_ops import reference as R
 from ortfuse.custom_ops.kernels import eltwise as E
+from ortfuse.custom_ops.kernels import scalar as S
 from ortfuse.kernels import isa
 
 F32 = np.float32
@@ -292,14 +293,14 @@ def _fresh_asm(dispatcher, *args) -> str:
 
 
 ELEMENT_PROBES = {
-    "relu": "_relu1(x[i])",
-    "gelu": "_gelu1(x[i])",
-    "gelu_tanh": "_gelu_tanh1(x[i])",
-    "clip": "_clip1(x[i], p, q)",
-    "hardsigmoid": "_hardsigmoid1(x[i], p, q)",
-    "hardswish": "x[i] * (_clip1(x[i] + p, q, p) / q)",
+    "relu": "relu1(x[i])",
+    "gelu": "gelu1(x[i])",
+    "gelu_tanh": "gelu_tanh1(x[i])",
+    "clip": "clip1(x[i], p, q)",
+    "hardsigmoid": "hardsigmoid1(x[i], p, q)",
+    "hardswish": "x[i] * (clip1(x[i] + p, q, p) / q)",
     "silu": "silu_f32(x[i])",
-    "add_relu": "_relu1(x[i] + y[i])",
+    "add_relu": "relu1(x[i] + y[i])",
 }
 
 
@@ -308,7 +309,7 @@ def test_element_loops_vectorise(name):
     """The loop of each op is packed float32 arithmetic on ymm/zmm registers on this CPU."""
     src = (f"def probe(x, y, out, p, q):\n    for i in range(x.size):\n"
            f"        out[i] = {ELEMENT_PROBES[name]}\n")
-    scope = dict(vars(E))
+    scope = {**vars(S), **vars(E)}
     exec(src, scope)  # noqa: S102 - a probe loop per op
     probe = numba.njit(nogil=True, error_model="numpy")(scope["probe"])
     x = make_input(64)

@@ -60,17 +60,19 @@ def test_second_session_uses_the_cached_plan_without_parsing(model_path, monkeyp
     assert first._model_path == second._model_path
 
 
-def test_a_cache_hit_in_a_new_process_imports_neither_onnx_nor_the_rewriter(model_path):
-    """The plan cache's point: a session whose plan is cached costs what a stock session costs."""
+@pytest.mark.parametrize("patterns", [None, ["gemm_relu_gelu", "add_relu"]], ids=["all", "explicit"])
+def test_a_cache_hit_in_a_new_process_imports_neither_onnx_nor_the_rewriter(model_path, patterns):
+    """The plan cache's point: a session whose plan is cached costs what a stock session costs, also
+    with explicit ``fusion_patterns`` (checked against the rule modules' names, not their code)."""
     import subprocess
     import sys
 
     code = ("import sys, ortfuse\n"
-            f"s = ortfuse.InferenceSession({model_path!r}, fusion=True)\n"
+            f"s = ortfuse.InferenceSession({model_path!r}, fusion=True, fusion_patterns={patterns!r})\n"
             "assert any(n.startswith(\"plan read from ortfuse's cache\") for n in s.fusion_report.notes)\n"
             "loaded = [m for m in ('onnx', 'ortfuse.fusion.rewrite', 'ortfuse.tune.tuner') if m in sys.modules]\n"
             "assert not loaded, loaded\n")
-    ortfuse.InferenceSession(model_path, fusion=True)  # fills the cache
+    ortfuse.InferenceSession(model_path, fusion=True, fusion_patterns=patterns)  # fills the cache
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 

@@ -81,14 +81,31 @@ def spec_for_op_type(op_type: str):
     return tables["SPECS"].get(base)
 
 
+def _requested(ids: Iterable[str] | str) -> list[str]:
+    if isinstance(ids, str):
+        ids = [p for p in ids.split(",") if p.strip()]
+    return [str(p).strip() for p in ids]
+
+
+def check_pattern_ids(ids: Iterable[str] | str | None) -> None:
+    """Raise ``UnknownPatternError`` as ``validate_patterns`` does, without importing the rule modules
+    when every id is known (a rule's id is its module's name): a session whose plan comes from the
+    plan cache imports no onnx."""
+    if ids is None:
+        return
+    from ortfuse.fusion import rules
+
+    names = {info.name for info in pkgutil.iter_modules(rules.__path__) if not info.name.startswith("_")}
+    if not all(p in names or p.lower() == "auto" for p in _requested(ids)):
+        validate_patterns(ids)  # raises, naming the known ids in catalogue order
+
+
 def validate_patterns(ids: Iterable[str] | str | None) -> tuple[str, ...]:
     """Return the requested ids in catalogue order (all of them for ``None`` or ``"auto"``)."""
     known: tuple[str, ...] = _tables()["PATTERN_IDS"]
     if ids is None:
         return known
-    if isinstance(ids, str):
-        ids = [p for p in ids.split(",") if p.strip()]
-    wanted = [str(p).strip() for p in ids]
+    wanted = _requested(ids)
     if any(p.lower() == "auto" for p in wanted):
         return known
     unknown = [p for p in wanted if p not in known]
