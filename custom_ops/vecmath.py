@@ -25,7 +25,7 @@ Accuracy, measured against float64 libm over **every** float32 input (all 2**32 
 contraction). The ulp is that of the float32 format at the exact result; subnormal results count in
 units of 2**-149. Right column: compiled for the ``generic`` ISA (SSE2, no FMA: ``llvm.fmuladd`` is a
 separate multiply and add; ``NUMBA_CPU_NAME=generic NUMBA_CPU_FEATURES=+sse2``), also over all 2**32
-inputs (*all*; the figures of an earlier table, from every 257th input, were up to 0.32 ulp low).
+inputs (*all*: a strided sweep can miss the worst input).
 
 ============  =================  ============  ===========================================================
 function      max ulp (host)     generic       notes
@@ -46,23 +46,13 @@ silu_f32      2.394 (x=-16.685)  2.465 *all*   x * sigmoid(x) as x / (1 + e^-x);
 bounds. No input gives a special value that the float64 result does not round to (Inf, 0, NaN checked
 exhaustively). NaN in gives NaN out for all five.
 
-Speed (loops over 64K floats in cache, 512-bit vectors, 1 thread, best of repeated calls; before ->
-after, same process): exp 14.5 -> 9.9 us, tanh(0.7 x + 0.1) 29.0 -> 21.9 us, x * sigmoid(x) 21.8 ->
-18.1 us, erf 34.0 -> 28.6 us from the 2**n scaling as ``llvm.ldexp`` (``vscalefps``) on AVX-512, exp's
-polynomial in plain Horner form (6 FMAs, coefficients fitted here, tools/fit_exp.py) and tanh through
-e**(-2|x|) - 1 without a separate small-|x| polynomial (one branch computed instead of two).
-
-One division per element (``divps``) in tanh, sigmoid and silu. The divider runs beside the 16-25
-other vector instructions on the two 512-bit ports, but a 512-bit divide occupies it for about 8
-cycles: over 64K floats in cache a loop of only x / (x + 1) takes 10.9 us and silu_f32 14.2 us, so
-for silu the division is most of the bound (tanh and sigmoid have more other work). An earlier version divided
-with 7 FMAs instead (a quadratic guess of 1/d on [1, 2], a Newton step, a corrected quotient);
-``divps`` made tanh(0.7 x + 0.1) 25.7 -> 22.5 us and sigmoid 20.9 -> 17.8 us (same process, on a
-slower day than the figures above) and the results more accurate (one rounding). silu_f32 computes
-x / (1 + e**-x) with no select: 18.1 -> 13.5 us against x * sigmoid_f32(x). Measured and not
-taken: a silu variant with 2 more instructions (6% slower); LLVM's reciprocal estimate (``fdiv
-arcp`` -> ``vrcp14ps``) with a correction step instead of the divide (8-9% slower for silu, and other
-results in scalar remainder loops, ``rcpss``, and on other ISAs).
+Decisions, each measured on loops over 64K floats in cache (``python tools/kernel_bench.py --cases
+silu,chain_bias_tanh``, and this module's ``--exhaustive`` sweep for accuracy): the 2**n scaling is
+``llvm.ldexp`` (``vscalefps``) on AVX-512 targets only; exp's polynomial is plain Horner form with
+coefficients fitted by ``tools/fit_exp.py``; tanh goes through e**(-2|x|) - 1 with no separate
+small-|x| polynomial. tanh, sigmoid and silu divide once per element (``divps``): faster and more
+accurate (one rounding) than a Newton-corrected reciprocal in FMAs or LLVM's ``vrcp14ps`` estimate
+plus a correction step; silu_f32 computes x / (1 + e**-x) with no select.
 """
 
 from __future__ import annotations
@@ -220,7 +210,7 @@ def _scale_by_rounded(typingctx, p, m):
     any bits of m give defined results; NaN p stays NaN.
 
     With AVX-512 as ``llvm.ldexp``, which LLVM lowers to ``vscalefps`` plus one int-to-float conversion
-    of n: 3 vector instructions instead of 9 (exp_f32 over 64K floats in cache: 15.8 -> 11.2 us).
+    of n: 3 vector instructions instead of 9.
     Without AVX-512 LLVM would make ldexp a scalar libm call (``ldexpf``), so there it is two
     multiplies, 2**(n>>1) * 2**(n - (n>>1)), each power of two built with integer shifts; the
     results are the same.
@@ -426,7 +416,7 @@ def silu_f32(x):
     x >= SILU_FLUSH); below SILU_FLUSH (about -88.38, where |exact| < 3.7e-37) the result is -0; silu(+Inf) = +Inf,
     silu(-Inf) = NaN (as x * sigmoid(x): -Inf * 0), NaN -> NaN.
 
-    One ``divps`` and no select (x * sigmoid_f32(x) over 64K floats in cache, zmm: 18.1 -> 13.5 us).
+    One ``divps`` and no select (faster than x * sigmoid_f32(x): ``python tools/kernel_bench.py --cases silu``).
     e**-c is exp's reduction and polynomial with 2**n by two integer operations, folded into the FMA
     that adds 1: d = p 2**n + 1."""
     always_inline()

@@ -14,9 +14,9 @@ Caller contract (the ORT ABI layer calls these from numba cfuncs):
   division by zero gives ±Inf/NaN like the reference, and no per-division check blocks vectorising).
 - From ``parallel_min`` elements on, the work is split into blocks of ``BLOCK`` elements over numba's
   threads (prange); below it runs serially in the calling thread. The default ``PARALLEL_MIN`` is
-  ``SERIAL`` (never parallel): on the 2-core machine a parallel call stalls for 8-12 ms whenever the
-  other core is busy (see PARALLEL_MIN below); ``PARALLEL_MIN_IDLE`` (256K) is the measured crossover
-  when it is idle; 0 forces the parallel path. Inside a cfunc the parallel path needs numba's OpenMP
+  ``SERIAL`` (never parallel): a parallel call stalls whenever the other cores are busy (see
+  PARALLEL_MIN below); ``PARALLEL_MIN_IDLE`` is the crossover when they are idle; 0 forces the
+  parallel path. Inside a cfunc the parallel path needs numba's OpenMP
   or TBB threading layer (docs/ARCHITECTURE.md §6: ``workqueue`` aborts on concurrent use), which
   ``numba_setup.configure_numba()`` selects; call it before these kernels.
 - numba's cache does not notice edits of ``custom_ops/vecmath.py``: the kernels here inline its
