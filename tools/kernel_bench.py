@@ -344,7 +344,7 @@ def matmul_peak(threads: int, args, dim: int = MATMUL_PEAK_DIM) -> float:
 
 def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int, args, extra=None) -> dict:
     """Stock ORT on ``unfused`` (and its A/A copy) against ORT running ``fused`` with the native
-    ``op_type``, interleaved single runs (``bench_measure.measure``) with the ``extra`` runners
+    ``op_type``, interleaved single runs (``ortfuse.bench.protocol.measure``) with the ``extra`` runners
     (copies) in the same rounds; latencies in ms (``extra_ms``: the extra runners' medians)."""
     dtype = next(iter(feeds.values())).dtype  # float32, or float16 for the _f16 cases
     outs = {k: np.empty(out_shape, dtype) for k in ("ort", "ort_aa", "fused")}
