@@ -1,4 +1,4 @@
-"""Small graph builders shared by test_patterns.py and test_pattern_fuzz.py.
+"""Small graph builders shared by the tests/test_patterns_*.py modules and test_pattern_fuzz.py.
 
 ``GraphBuilder`` writes ONNX graphs the way exporters do (initializers or ``Constant`` nodes,
 optional node names) and records how to feed every graph input; ``run_stock`` runs a model on

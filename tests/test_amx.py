@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 import warnings
 
-import amx_reference
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -38,6 +37,8 @@ import ortfuse
 from ortfuse.fusion.rules.gemm_relu_gelu import AMX_OP
 from ortfuse.kernels import isa, registry
 from ortfuse.runtime import plan_cache
+
+import amx_reference
 
 AMX_FEATURES = "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2"
 AVX512_FEATURES = "avx512f,avx512bw,avx512vl,avx512dq,avx2,avx,fma,sse4.2,sse2"

@@ -7,11 +7,12 @@ numerics tests on both ops; the AMX one needs the hardware."""
 
 from __future__ import annotations
 
-import amx_reference as ref
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+import amx_reference as ref
 
 pytest.importorskip("numba")
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import ctypes
 
-import amx_reference as ref
 import numpy as np
 import pytest
+
+import amx_reference as ref
 
 numba = pytest.importorskip("numba")
 

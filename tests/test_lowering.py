@@ -4,7 +4,7 @@ dilations, batch > 1, 1-D to 4-D GEMM inputs) against the same model run unfused
 ORT_DISABLE_ALL; the rule the registry picks per op and epilogue; the report's label and the
 provenance of lowered nodes; a model saved lowered reloads and reports the same.
 
-Tolerance, as in test_patterns.py: rtol 1e-4, atol 1e-5 times max(1, max|ref|) (BN folded into the
+Tolerance, as in tests/pattern_checks.py: rtol 1e-4, atol 1e-5 times max(1, max|ref|) (BN folded into the
 weights and ORT's vectorised erf/tanh in BiasGelu/FastGelu/Gelu round differently from the
 unfused ops).
 """

@@ -13,7 +13,6 @@ import textwrap
 import numpy as np
 import onnxruntime as ort
 import pytest
-from native_probe import PROBE_CHOICES, PROBE_OP, add_probe_op
 from onnx import TensorProto, helper
 
 from ortfuse.custom_ops import abi, numba_setup
@@ -27,6 +26,8 @@ from ortfuse.custom_ops.registration import (
 )
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import SPECS
+
+from native_probe import PROBE_CHOICES, PROBE_OP, add_probe_op
 
 pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
                                 reason=f"native path unavailable: {availability.unavailable_reason()}")

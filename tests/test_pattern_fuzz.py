@@ -7,8 +7,8 @@ graph outputs; every rejected candidate has a reason; no replaced node is left; 
 run by ``ortfuse.InferenceSession`` equals the original run by stock onnxruntime at ORT_DISABLE_ALL.
 
 Runs are seeded (``derandomize=True``, no example database) so CI sees the same graphs every time.
-The generator includes forms of past bugs (test_patterns.py ``test_bug_*``): uniform constants added
-after a Conv, biases of higher rank than the MatMul output, HardSigmoid with alpha <= 0. BN with
+The generator includes forms of past bugs (the ``test_bug_*`` tests of tests/test_patterns_*.py):
+uniform constants added after a Conv, biases of higher rank than the MatMul output, HardSigmoid with alpha <= 0. BN with
 spatial=0 and synthetic-name collisions have their own regression tests only.
 """
 

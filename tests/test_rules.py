@@ -6,7 +6,7 @@ A matching example is fused exactly ``fuses`` times by ``fuse(model, [rule id])`
 rejected, each fused group carries its provenance, and the fused model run by
 ``ortfuse.InferenceSession`` gives the outputs of the unfused model run by stock onnxruntime at
 ORT_DISABLE_ALL, within rtol 1e-4 and atol 1e-5 times max(1, max|ref|) (folded BN and Gemm alpha
-round differently, as in test_patterns.py); so does the model fused with the reference kernels (the
+round differently, as in tests/pattern_checks.py); so does the model fused with the reference kernels (the
 rule's ``OpSpec`` references). A near-miss example is not fused: the report rejects it with a
 reason containing the expected text ("": no candidate is reported at all), and the model still
 gives stock ORT's outputs.

@@ -51,7 +51,7 @@ def node_inputs_with_subgraphs(node: onnx.NodeProto) -> list[str]:
 
 # onnx's data propagation (shape arithmetic: Shape -> Gather -> Concat -> Reshape) keeps the values
 # of a 1-D tensor it propagates as dims, tens of bytes each, so a long 1-D activation costs gigabytes
-# and seconds; tensors of shape arithmetic are short (tests/test_patterns.py checks both sides).
+# and seconds; tensors of shape arithmetic are short (tests/test_patterns_rewrite.py checks both sides).
 DATA_PROP_MAX_VECTOR = 1 << 16
 
 
