@@ -231,12 +231,14 @@ def threshold_table(kernels, sizes, args) -> list[dict]:
 ELTWISE_CASES = {
     "hardswish": ("hardswish", "FusedHardSwish"),
     "silu": ("silu", "FusedSiLU"),
+    "mish": ("mish", "FusedMish"),
     "add_relu": ("add_relu", "FusedAddRelu"),
     "add_relu_bcast": ("add_relu", "FusedAddRelu"),
     "chain_affine_relu": ("eltwise_chain", "FusedEltwiseChain"),
     "chain_bias_tanh": ("eltwise_chain", "FusedEltwiseChain"),
     "hardswish_f16": ("hardswish", "FusedHardSwish"),    # float16 tensors: FusedHardSwishF16
     "silu_f16": ("silu", "FusedSiLU"),
+    "mish_f16": ("mish", "FusedMish"),
     "add_relu_f16": ("add_relu", "FusedAddRelu"),
 }
 GEMM_SHAPES = {"small": (16, 256, 256), "large": (128, 768, 3072)}  # M, K, N
@@ -274,6 +276,11 @@ def unfused_eltwise(case: str, n: int):
                            [("X", [n // BCAST_N, BCAST_N])], [_const("bias", bias), _const("half", 0.5)])
             feeds = {"X": x.reshape(n // BCAST_N, BCAST_N)}
         return model, feeds, 8 * n
+    if case == "mish":  # x * tanh(softplus(x)) as exporters write it: 3 ops
+        mk = helper.make_node
+        model = _model([mk("Softplus", ["X"], ["p"]), mk("Tanh", ["p"], ["t"]), mk("Mul", ["X", "t"], ["Y"])],
+                       [("X", [n])], [])
+        return model, {"X": (np.random.default_rng(0).standard_normal(n) * 3).astype(F32)}, 8 * n
     model, feeds, _fn, nbytes = build(case, n)
     return model, feeds, nbytes
 
