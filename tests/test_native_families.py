@@ -84,25 +84,23 @@ import math
 import numpy as np
 from numba import njit
 
-from ortfuse.custom_ops.native.elementwise import compute_unary, hint_ahead, hint_plan, unary_block
+from ortfuse.custom_ops.native.elementwise import compute_unary, map_span, unary_block
 from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.vecmath import exp_f32, tanh_f32
+from ortfuse.custom_ops.vecmath import always_inline, exp_f32, tanh_f32
 
 _ZERO = np.float32(0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
+def mish1(v):
+    always_inline()
+    softplus = (v if v > _ZERO else _ZERO) + np.float32(math.log1p(exp_f32(-abs(v))))
+    return v * tanh_f32(softplus)
+
+
+@njit(nogil=True, error_model="numpy", cache=True)
 def mish_span(x, y, s, e):
-    limit, step = hint_plan(x.shape[0], s, e)
-    for p in range(s, e, step):
-        q = min(p + step, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
-        xs = x[p:q]
-        ys = y[p:q]
-        for i in range(xs.shape[0]):
-            v = xs[i]
-            softplus = (v if v > _ZERO else _ZERO) + np.float32(math.log1p(exp_f32(-abs(v))))
-            ys[i] = v * tanh_f32(softplus)
+    map_span(x, y, s, e, mish1)
 
 
 def _mish_worker(args, block):

@@ -28,7 +28,7 @@ from ortfuse.custom_ops.native.inputs import check_input_count, element_count, m
 from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.slots import slot_api
 from ortfuse.custom_ops.native.threads import run_blocks
-from ortfuse.custom_ops.vecmath import always_inline
+from ortfuse.custom_ops.vecmath import always_inline, from_f32, prefer_512bit, to_f32
 
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)
 PIECE = 256      # the hinted spans run in pieces this long, each after hinting the lines AHEAD elements on
@@ -71,6 +71,25 @@ def hint_ahead(xa, ya, size, p, q, e):
     if lo < hi:
         prefetch_lines(xa + size * lo, size * (hi - lo), False)
         prefetch_lines(ya + size * lo, size * (hi - lo), True)
+
+
+@njit(nogil=True, error_model="numpy", cache=True)
+def map_span(x, y, s, e, elem):
+    """y[i] = elem(x[i]) on [s, e) in pieces, each after the cache hints of ``hint_ahead``: x and y of
+    float32, or of float16 bits (uint16: widened, computed in float32, rounded to float16 once).
+    ``elem`` is a numba function of one float32 (a vecmath-style element function); numba binds it
+    when this span is compiled for it, and LLVM inlines it into the loop, which then vectorises. The
+span itself is inlined into each op's span function (one compiled loop per op)."""
+    always_inline()
+    prefer_512bit()
+    limit, step = hint_plan(x.shape[0], s, e)
+    for p in range(s, e, step):
+        q = min(p + step, e)
+        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
+        xs = x[p:q]
+        ys = y[p:q]
+        for i in range(xs.shape[0]):
+            ys[i] = from_f32(elem(to_f32(xs[i])), ys)
 
 
 # args block of the unary family (int64 words)

@@ -21,20 +21,18 @@ A new float32 unary elementwise op is one new module here; for example ``mish.py
 
     from numba import njit
 
-    from ortfuse.custom_ops.native.elementwise import compute_unary, hint_ahead, hint_plan, unary_block
+    from ortfuse.custom_ops.native.elementwise import compute_unary, map_span, unary_block
     from ortfuse.custom_ops.native.op_def import NativeOpDef
-    from ortfuse.custom_ops.vecmath import ...   # the element math
+    from ortfuse.custom_ops.vecmath import always_inline, ...   # the element math
 
     @njit(nogil=True, error_model="numpy", cache=True)
-    def mish_span(x, y, s, e):
-        limit, step = hint_plan(x.shape[0], s, e)
-        for p in range(s, e, step):
-            q = min(p + step, e)
-            hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
-            xs = x[p:q]
-            ys = y[p:q]
-            for i in range(xs.shape[0]):
-                ys[i] = ...                              # the element math in float32
+    def mish_f32(v):                                     # one float32 -> float32, inlined
+        always_inline()
+        return ...
+
+    @njit(nogil=True, error_model="numpy", cache=True)
+    def mish_span(x, y, s, e):                           # pieces, cache hints, float16 widening
+        map_span(x, y, s, e, mish_f32)
 
     def _mish_worker(args, block):
         _slot, x, y, s, e = unary_block(args, block)

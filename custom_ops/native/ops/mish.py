@@ -28,9 +28,9 @@ import numpy as np
 from numba import njit
 
 from ortfuse.custom_ops import abi
-from ortfuse.custom_ops.native.elementwise import compute_unary, hint_ahead, hint_plan, unary_block, unary_f16_block
+from ortfuse.custom_ops.native.elementwise import compute_unary, map_span, unary_block, unary_f16_block
 from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.vecmath import always_inline, exp_f32, fmuladd, from_f32, prefer_512bit, to_f32
+from ortfuse.custom_ops.vecmath import always_inline, exp_f32, fmuladd
 
 MAX_ULP = 3.98  # the larger measured maximum over all float32 inputs, rounded up (module docstring)
 
@@ -57,15 +57,7 @@ def mish_f32(x):
 def mish_span(x, y, s, e):
     """y = mish(x) on elements [s, e): x and y of float32, or of float16 bits (uint16: widened,
     rounded to float16 once)."""
-    prefer_512bit()
-    limit, step = hint_plan(x.shape[0], s, e)
-    for p in range(s, e, step):
-        q = min(p + step, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
-        xs = x[p:q]
-        ys = y[p:q]
-        for i in range(xs.shape[0]):
-            ys[i] = from_f32(mish_f32(to_f32(xs[i])), ys)
+    map_span(x, y, s, e, mish_f32)
 
 
 def _mish_worker(args, block):

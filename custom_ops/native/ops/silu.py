@@ -9,9 +9,9 @@ from __future__ import annotations
 from numba import njit
 
 from ortfuse.custom_ops import abi
-from ortfuse.custom_ops.native.elementwise import compute_unary, hint_ahead, hint_plan, unary_block, unary_f16_block
+from ortfuse.custom_ops.native.elementwise import compute_unary, map_span, unary_block, unary_f16_block
 from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.vecmath import from_f32, prefer_512bit, silu_f32, to_f32
+from ortfuse.custom_ops.vecmath import silu_f32
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -19,15 +19,7 @@ def silu_span(x, y, s, e):
     """y = x * sigmoid(x) in float32 with vecmath's silu_f32 (as eltwise.silu: a few ulp from the
     reference's x * (1 / (1 + exp(-x))); -0 below x = -88.38, where the exact value is above -3.7e-37).
     x and y of float32, or of float16 bits (uint16: widened, rounded to float16 once)."""
-    prefer_512bit()
-    limit, step = hint_plan(x.shape[0], s, e)
-    for p in range(s, e, step):
-        q = min(p + step, e)
-        hint_ahead(x.ctypes.data, y.ctypes.data, x.itemsize, p, q, limit)
-        xs = x[p:q]
-        ys = y[p:q]
-        for i in range(xs.shape[0]):
-            ys[i] = from_f32(silu_f32(to_f32(xs[i])), ys)
+    map_span(x, y, s, e, silu_f32)
 
 
 def _silu_worker(args, block):
