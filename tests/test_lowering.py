@@ -100,6 +100,8 @@ CONV_RULES = [
     ("fusedconv", "clip", 17, [f"{MS}:FusedConv"]),
     ("fusedconv", "clip_asym", 10, [f"{MS}:FusedConv"]),
     ("fusedconv", "hardsigmoid", 13, [f"{MS}:FusedConv"]),
+    ("fusedconv", "hardswish_div_mul", 17, [f"{MS}:FusedConv"]),
+    ("fusedconv", "hardswish_mul_div", 13, [f"{MS}:FusedConv"]),  # FusedConv's HardSwish needs no opset 14
     ("conv", None, 17, ["Conv"]),
     ("conv_native_epilogue", "hardswish_div_mul", 17, ["Conv", f"{DOMAIN}:FusedHardSwish"]),
     ("conv_native_epilogue", "hardswish_hsig_0.2", 13, ["Conv", f"{DOMAIN}:FusedHardSwish"]),
@@ -144,6 +146,19 @@ def test_fusedconv_carries_the_activation_parameters():
     fused, _ = check_lowered(b.build(), b.feeds(), "conv_bn_relu", "fusedconv", [f"{MS}:FusedConv"])
     a = node_attrs(next(n for n in fused.graph.node if n.op_type == "FusedConv"))
     assert a["activation"] == "Clip" and a["activation_params"] == pytest.approx([-0.75, 1.25])
+
+
+def test_fusedconv_takes_only_hardswishs_own_slope():
+    """FusedConv's HardSwish has no parameters: x * HardSigmoid(x; 0.2, 0.5) is refused by that form
+    with the reason, and the registry's next kernel serves it (outputs equal to stock ORT's)."""
+    b, t, _ = conv_graph("pads_batch2", 17)
+    t, _ = _hardswish_hsig(b, t, "e_")
+    b.output(t)
+    fused, report = fuse(b.build(), ["conv_bn_relu"], kernels="lowered:fusedconv")
+    assert not report.fused and "differs from HardSwish's" in report.table()
+    fused, report = fuse(b.build(), ["conv_bn_relu"])
+    assert len(report.fused) == 1 and "FusedConv" not in report.fused[0].kernel, report.table()
+    assert_outputs_close(run_ortfuse(fused, b.feeds())[0], run_stock(b.build(), b.feeds()), RTOL, ATOL, scale_atol=True)
 
 
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
@@ -254,7 +269,7 @@ CHOICES = {  # (op, epilogue) -> (path with the native ops, path without them); 
     ("FusedConvAct", "clip"): ("lowered:fusedconv", "lowered:fusedconv"),
     ("FusedConvAct", "hardsigmoid"): ("lowered:fusedconv", "lowered:fusedconv"),
     ("FusedConvAct", ""): ("lowered:conv", "lowered:conv"),
-    ("FusedConvAct", "hardswish"): ("lowered:conv_native_epilogue", "lowered:conv_ort_epilogue"),
+    ("FusedConvAct", "hardswish"): ("lowered:fusedconv", "lowered:fusedconv"),
     ("FusedConvAct", "silu"): ("lowered:conv_ort_epilogue", "lowered:conv_ort_epilogue"),
     ("FusedConvAddAct", "relu"): ("lowered:fusedconv_sum", "lowered:fusedconv_sum"),
     ("FusedGemmAct", "relu"): ("lowered:fusedgemm", "lowered:fusedgemm"),
@@ -318,10 +333,11 @@ def test_reference_preference_still_writes_one_custom_op():
 # report, provenance, saved models
 # =============================================================================================
 def mixed_model():
-    """Conv+BN+HardSwish (lowered, with a native epilogue), then Add+Relu with a second input
-    (native custom op), then a 2-D GEMM + Relu (lowered to FusedGemm)."""
+    """Conv+BN+HardSwish with Keras' slope (lowered, with a native epilogue: FusedConv's HardSwish
+    has no parameters), then Add+Relu with a second input (native custom op), then a 2-D GEMM + Relu
+    (lowered to FusedGemm)."""
     b, t, _ = conv_graph("pads_batch2")
-    t, _ = CONV_EPILOGUES["hardswish_div_mul"][0](b, t, "e_")
+    t, _ = _hardswish_hsig(b, t, "e_")
     flat = b.op("Reshape", [t, b.init(np.array([2, -1], np.int64))], name="flat")
     s = b.op("Relu", [b.op("Add", [flat, b.input("y", [2, 315])], name="add")], name="relu")
     g = b.op("Gemm", [s, b.init(b.weight((315, 6), 0.05)), b.init(b.weight(6))], name="gemm")
@@ -402,7 +418,7 @@ def test_keep_rule_sees_the_lowered_label():
     assert seen["gemm_relu_gelu"] == f"lowered to ORT: {MS}:FusedGemm"
     assert [m.pattern_id for m in report.fused] == ["gemm_relu_gelu"]
     assert {m.pattern_id for m in report.matches if m.decision == DISABLED} == {"conv_bn_relu", "add_relu"}
-    assert {n.op_type for n in fused.graph.node} >= {"Conv", "BatchNormalization", "Clip", "FusedGemm"}
+    assert {n.op_type for n in fused.graph.node} >= {"Conv", "BatchNormalization", "HardSigmoid", "FusedGemm"}
 
 
 # =============================================================================================

@@ -59,7 +59,7 @@ def then(first: list[onnx.NodeProto], rest: Lowered | str) -> Lowered | str:
     return Lowered(first + rest.nodes, rest.initializers)
 
 
-def _std_hardswish(alpha: float, beta: float) -> bool:
+def std_hardswish(alpha: float, beta: float) -> bool:
     return abs(alpha - HARDSWISH_STD[0]) <= 1e-6 * HARDSWISH_STD[0] and abs(beta - HARDSWISH_STD[1]) <= 1e-6
 
 
@@ -95,7 +95,7 @@ def epilogue(kind: str, x: str, out: str, ctx: Context, alpha: float = 0.0, beta
                 if params is None:
                     return f"HardSigmoid alpha {alpha}, beta {beta} has no FusedHardSwish form"
                 nodes.append(node("FusedHardSwish", [cur], [dst], domain=DOMAIN, **params))
-            elif style == "ort" and ctx.opset >= 14 and _std_hardswish(alpha, beta):
+            elif style == "ort" and ctx.opset >= 14 and std_hardswish(alpha, beta):
                 nodes.append(node("HardSwish", [cur], [dst]))
             else:
                 hs = ctx.fresh("hardsigmoid")

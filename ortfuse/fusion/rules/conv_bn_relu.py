@@ -22,7 +22,7 @@ from ortfuse.fusion.rulekit.conv import (
 )
 from ortfuse.fusion.rulekit.epilogues import match_conv_activation
 from ortfuse.fusion.rulekit.examples import model, weights
-from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, then
+from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, std_hardswish, then
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
@@ -65,18 +65,24 @@ SPEC = OpSpec("FusedConvAct", ID, ("X", "W", "B"), {**CONV_SPEC_ATTRS, "alpha": 
 
 # ------------------------------------------------------------------------------------------------
 # lowering forms. com.microsoft:FusedConv(X, W, B) = act(Conv(X, W) + B), act one of Relu, Tanh,
-# Sigmoid, LeakyRelu, Clip(min, max), HardSigmoid(alpha, beta) (``activation_params``); ORT 1.32
-# rejects Silu.
+# Sigmoid, LeakyRelu, Clip(min, max), HardSigmoid(alpha, beta) (``activation_params``), HardSwish
+# (x * HardSigmoid(x; 1/6, 1/2), no parameters); ORT 1.32 rejects Silu. ORT's NCHWc transformer
+# turns a FusedConv into its blocked ``com.microsoft.nchwc:Conv`` with the activation kept, so a
+# chain of them runs blocked without reorders between them (docs/ARCHITECTURE.md §9).
 # ------------------------------------------------------------------------------------------------
-FUSEDCONV_ACTIVATIONS = {"relu": "Relu", "clip": "Clip", "hardsigmoid": "HardSigmoid"}
+FUSEDCONV_ACTIVATIONS = {"relu": "Relu", "clip": "Clip", "hardsigmoid": "HardSigmoid", "hardswish": "HardSwish"}
 
 
-# Conv(+BN folded) -> Relu | Clip | HardSigmoid   ->   com.microsoft:FusedConv(X, W', B'; activation)
+# Conv(+BN folded) -> Relu | Clip | HardSigmoid | HardSwish   ->   com.microsoft:FusedConv(X, W', B'; activation)
 def lower_fusedconv(m: Match, ctx: Context) -> Lowered | str:
-    """act(conv(X, W) + B) as one FusedConv; act in Relu, Clip(min, max), HardSigmoid(alpha, beta)."""
+    """act(conv(X, W) + B) as one FusedConv; act in Relu, Clip(min, max), HardSigmoid(alpha, beta),
+    HardSwish (only with HardSwish's own parameters 1/6, 1/2)."""
     kind = m.attrs["activation"]
     if kind not in FUSEDCONV_ACTIVATIONS:
         return f"FusedConv has no '{kind}' activation"
+    if kind == "hardswish" and not std_hardswish(m.attrs["alpha"], m.attrs["beta"]):
+        return (f"FusedConv's HardSwish has no parameters; HardSigmoid alpha {m.attrs['alpha']}, "
+                f"beta {m.attrs['beta']} differs from HardSwish's")
     attrs = {**conv_node_attrs(m), "activation": FUSEDCONV_ACTIVATIONS[kind]}
     if kind in ("clip", "hardsigmoid"):
         attrs["activation_params"] = [float(m.attrs["alpha"]), float(m.attrs["beta"])]
@@ -113,13 +119,16 @@ lower_conv_decomposed_epilogue = _conv_then("decomposed")
 # Priorities, from `python tools/lowering_bench.py` on the zoo's convs (resnet50, mobilenetv3_block):
 # - Relu / Clip / HardSigmoid: FusedConv and Conv + activation op tie; FusedConv is one node (what ORT
 #   makes itself), so it ranks first. Without an epilogue (Conv + BN): a plain Conv.
-# - HardSwish: Conv + native FusedHardSwish is clearly ahead; Conv + HardSwish op and Conv +
-#   HardSigmoid + Mul tie (the op is one node), and serve where the native op is not registered.
+# - HardSwish: FusedConv(HardSwish) first: ORT runs it as a blocked NCHWc conv, so neighbouring convs
+#   stay blocked, which an isolated subgraph cannot show (measure whole models: `ortfuse bench
+#   pplcnet_classifier mobilenetv3_block`). Then Conv + native FusedHardSwish (ahead on an isolated
+#   subgraph); Conv + HardSwish op and Conv + HardSigmoid + Mul tie (the op is one node), and serve
+#   where the native op is not registered.
 # - SiLU: Conv + Sigmoid + Mul (ORT makes QuickGelu of it) and Conv + native FusedSiLU tie; the ORT
 #   ops need no custom op, so they rank first.
 LOWERING = (
     LoweringForm("fusedconv", "FusedConvAct", "com.microsoft:FusedConv", lower_fusedconv,
-                 {"relu": 30, "clip": 30, "hardsigmoid": 30}),
+                 {"relu": 30, "clip": 30, "hardsigmoid": 30, "hardswish": 35}),
     LoweringForm("conv", "FusedConvAct", "Conv", lower_conv, {"": 30}),
     LoweringForm("conv_native_epilogue", "FusedConvAct", "Conv + native FusedHardSwish | FusedSiLU",
                  lower_conv_native_epilogue, {"hardswish": 30, "silu": 25},
