@@ -14,6 +14,9 @@ def pytest_configure(config):
         from ortfuse.custom_ops.numba_setup import cache_root
 
         os.environ["NUMBA_CACHE_DIR"] = cache_root()
+    # the kernel choices tests expect are the registry's static ones: a ranking measured on this
+    # machine (`ortfuse rank`, in the user's cache) would change them; tests/test_ranking.py turns it on
+    os.environ["ORTFUSE_RANKING"] = "off"
     # tests call kernels directly, as the library does after its own explicit set-up call
     from ortfuse.custom_ops.numba_setup import configure_numba
 

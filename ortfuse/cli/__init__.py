@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": ("ortfuse.cli.bench", "benchmark stock ORT against ortfuse on a model or zoo model"),
     "report": ("ortfuse.cli.report", "show what the rewriter would fuse in a model, and why not"),
     "models": ("ortfuse.models.cli", "list or build the deterministic model zoo"),
+    "rank": ("ortfuse.cli.rank", "measure which kernel serves each kind of match fastest here, in the whole model"),
     "tune": ("ortfuse.cli.tune", "measure which fusions beat ORT on this machine (fusion='auto') and cache it"),
     "verify": ("ortfuse.cli.verify",
                "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),

@@ -27,22 +27,25 @@ from ortfuse.fusion.rulekit.result import Match, Reject
 from ortfuse.ir import metadata
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import registry
-from ortfuse.kernels.selection import choose_kernel
+from ortfuse.kernels.selection import LEFT_TO_ORT, choose_kernel
 
 MIN_OPSET = 7
 
 KeepRule = Callable[[MatchRecord], str]  # a legal match -> "" to fuse it, or the reason to leave it unfused
+KernelChoice = Callable[[Match], "str | None"]  # a legal match -> its kernel preference (None: the default order)
 
 
 def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
-         kernels: str | None = None, keep: KeepRule | None = None,
+         kernels: str | KernelChoice | None = None, keep: KeepRule | None = None,
          precision: str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
 
     Each fused op gets the kernel ``registry.select`` picks for this CPU and epilogue: one custom
     node (native or reference), or the ORT nodes of a lowering form. ``kernels`` restricts the
     paths (``"reference"`` forces the numpy reference path; ``"native"``, ``"lowered"`` or
-    ``"lowered:<form>"`` likewise); a match with no kernel stays unfused, with the reason.
+    ``"lowered:<form>"`` likewise; ``"ort"`` leaves matches to ORT); a match with no kernel stays
+    unfused, with the reason. A callable gives that preference per match (None: the default order,
+    which puts the ranking measured on this machine first, ``ortfuse.kernels.ranking``).
     ``keep`` (the auto policy, ``ortfuse verify``'s bisection) sees each legal match, identified by
     pattern id and original node names, and may leave it unfused: it is then reported as disabled
     by policy with the reason ``keep`` returned, and its nodes are still not matched by another pattern.
@@ -101,7 +104,7 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
     return out, report
 
 
-def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | None,
+def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels: str | KernelChoice | None,
             keep: KeepRule | None, precision: str = registry.FP32) -> list[Match]:
     """Every candidate of the requested rules decided and reported: rejected (with the reason),
     disabled by the keep policy, or fused (claimed, with its kernel and name). Returns the fused."""
@@ -115,7 +118,12 @@ def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels:
             names = [ix.name_of(n) for n in result.nodes]
             result = legality(ix, rule, result, reserved)
             if isinstance(result, Match):
-                selection, lowered = choose_kernel(ix, result, kernels, precision)
+                prefer = kernels(result) if callable(kernels) else kernels
+                selection, lowered = choose_kernel(ix, result, prefer, precision)
+                if selection.reason == LEFT_TO_ORT:  # measured: ORT runs these nodes best; no other rule takes them
+                    ix.claimed |= {id(n) for n in result.nodes}
+                    report.matches.append(MatchRecord(rule.id, names, DISABLED, selection.reason))
+                    continue
                 if selection.kernel is None:
                     result = Reject(rule.id, result.nodes, selection.reason)
             if isinstance(result, Reject):

@@ -1,6 +1,8 @@
 """The kernel of one match: the registry's candidates for its op, dtype and epilogue, each checked
 against the match (a native kernel's rank limit, attributes and misfit; a lowering form's build),
-the first that fits chosen (docs/ARCHITECTURE.md §5)."""
+the first that fits chosen (docs/ARCHITECTURE.md §5). Without a preference, the order measured on
+this machine (``ortfuse.kernels.ranking``) comes first, the registry's static priorities after it;
+a measured order that puts ORT first leaves the match to ORT (``LEFT_TO_ORT``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from ortfuse.fusion import catalogue
 from ortfuse.fusion.rulekit.lowering import Context
 from ortfuse.fusion.rulekit.result import Lowered, Match
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import registry
+from ortfuse.kernels import ranking, registry
 
 
 def lower(form: str, m: Match, ctx: Context) -> Lowered | str:
@@ -47,6 +49,19 @@ def choose_kernel(ix: GraphIndex, m: Match, prefer: str | None,
         built[kernel] = out
         return ""
 
-    selection = registry.select(m.op, m.dtype, prefer=prefer, variant=m.attrs.get("activation", ""), fits=fits,
-                                precision=precision)
-    return selection, built.get(selection.kernel) if selection.kernel is not None else None
+    variant = m.attrs.get("activation", "")
+    if prefer == ranking.STATIC:
+        prefer = None
+        tried: list[str | None] = [None]
+    else:
+        tried = [prefer] if prefer is not None else [*ranking.order(m.op, variant, m.dtype), None]
+    for kernel_id in tried:
+        if kernel_id == ranking.ORT:
+            return registry.Selection(None, reason=LEFT_TO_ORT), None
+        selection = registry.select(m.op, m.dtype, prefer=kernel_id, variant=variant, fits=fits, precision=precision)
+        if selection.kernel is not None or kernel_id is None or prefer is not None:
+            return selection, built.get(selection.kernel) if selection.kernel is not None else None
+    raise AssertionError("unreachable: the static order is always tried last")
+
+
+LEFT_TO_ORT = "left to ORT: unfused ran fastest in the kernel ranking measured on this machine (`ortfuse rank`)"

@@ -5,8 +5,9 @@ Key: the model's identity (a path's resolved name, size and mtime; sha256 of byt
 request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
 level, intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``), the environment
 (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``, ``ORTFUSE_PRECISION``), this CPU, the
-onnxruntime / extensions / numba versions, and a digest of ortfuse's own source files (a changed
-rewriter never serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
+onnxruntime / extensions / numba versions, the kernel ranking measured on this machine
+(``ortfuse.kernels.ranking``), and a digest of ortfuse's own source files (a changed rewriter never
+serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
 a cache hit costs no more memory than stock ORT.
 An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
 ``<key>.onnx`` (the fused model), under ``<cache>/plans/`` (``ortfuse.runtime.cache_paths``). Entries
@@ -24,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from ortfuse.kernels import isa
+from ortfuse.kernels import isa, ranking
 from ortfuse.runtime.cache_paths import PLANS, cache_dir
 from ortfuse.runtime.files import write_atomic
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
@@ -86,7 +87,7 @@ def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> 
         return None
     parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
              _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
-             isa.fingerprint(), _code_digest()]
+             isa.fingerprint(), ranking.digest(), _code_digest()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 

@@ -1,0 +1,163 @@
+"""Measuring the kernel ranking of this machine (stored by ``ortfuse.kernels.ranking``) on a model, in
+context: for each class of matches (fused op, epilogue, dtype) with more than one candidate, the
+whole model runs once per candidate serving every match of the class (the other classes on their
+static choice) and once with the class left to ORT, all in one interleaved run (single runs A B B A,
+``ortfuse.bench.protocol``) beside stock ORT. A form's effect on ORT's layout (the reorders its
+NCHWc transformer adds around ops it cannot block) is inside the time, which an isolated subgraph
+cannot show (docs/ARCHITECTURE.md §8).
+
+The class's static choice stays first unless a candidate beats it by ``MARGIN`` in the median and
+in every repeat; a candidate whose outputs differ from stock ORT's beyond the tolerance is dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ortfuse.bench import protocol
+from ortfuse.fusion.rewrite import fuse
+from ortfuse.fusion.rulekit.result import Match
+from ortfuse.ir.graph import GraphIndex
+from ortfuse.kernels import ranking, registry
+from ortfuse.kernels.selection import choose_kernel
+from ortfuse.runtime.session_options import measuring_options
+
+MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
+REPEATS = 3
+MIN_RUNS, MAX_RUNS = 5, 40
+RTOL = ATOL = 1e-4  # |candidate - stock| <= ATOL * max(1, max|stock|) + RTOL * |stock| (BN folding rounds)
+STOCK = "stock"
+
+
+@dataclass
+class ClassResult:
+    """One class: its candidates' whole-model p50 (ms), ratios per repeat to the static choice, the order."""
+
+    key: str
+    static: str
+    p50_ms: dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not timed
+    order: list[str] = field(default_factory=list)
+
+
+def _class(m: Match) -> str:
+    return ranking.class_of(m.op, m.attrs.get("activation", ""), m.dtype)
+
+
+def _kernel_id(kernel: registry.Kernel) -> str:
+    return f"{registry.LOWERED}:{kernel.form}" if kernel.path == registry.LOWERED else kernel.path
+
+
+def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> dict[str, tuple[str, list[str]]]:
+    """class key -> (static choice, the kernel ids that serve at least one of its matches, ORT last).
+    The static choice is the first of them in the registry's priority order."""
+    members: dict[str, list[Match]] = {}
+
+    def observe(m: Match) -> str:
+        members.setdefault(_class(m), []).append(m)
+        return ranking.STATIC
+
+    fuse(model, ids, kernels=observe, precision=precision)
+    ix = GraphIndex(model)  # choose_kernel reads shapes and the opset only
+    out = {}
+    for key, matches in members.items():
+        op, variant, dtype = key.split("|")
+        fitting: list[str] = []
+        for kernel in registry.kernels_for(op):  # priority order
+            kid = _kernel_id(kernel)
+            if kernel.path == registry.REFERENCE or kid in fitting or not kernel.serves(variant) \
+                    or dtype not in kernel.dtypes or kernel.precision != registry.FP32:
+                continue
+            if any(choose_kernel(ix, m, kid, precision)[0].kernel is not None for m in matches):
+                fitting.append(kid)
+        if fitting:
+            out[key] = (fitting[0], fitting + [ranking.ORT])
+    return out
+
+
+def _session(model: onnx.ModelProto, threads: int):
+    import onnxruntime as ort
+
+    import ortfuse
+
+    so = measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads, spinning=False)
+    return ortfuse.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _close(got, ref) -> bool:
+    return all(g.shape == r.shape and bool(np.all(np.abs(g - r) <= ATOL * max(1.0, float(np.abs(r).max()))
+                                                  + RTOL * np.abs(r))) for g, r in zip(got, ref))
+
+
+def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: float = 60.0,
+         precision: str = registry.FP32, progress: Callable[[str], None] | None = None) -> list[ClassResult]:
+    """Measure every class of ``model`` with alternatives; the results (not yet stored: ``store``)."""
+    import onnxruntime as ort
+
+    so = measuring_options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, threads=threads, spinning=False)
+    reference = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    stock = ort.InferenceSession(model.SerializeToString(),
+                                 measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads,
+                                                   spinning=False), providers=["CPUExecutionProvider"])
+    results = []
+    for key, (static, kernel_ids) in candidates(model, ids, precision).items():
+        result = ClassResult(key, static)
+        runners: dict[str, Callable] = {STOCK: lambda: stock.run(None, feeds)}
+        for kid in kernel_ids:
+            fused, _ = fuse(model, ids, kernels=lambda m, kid=kid, key=key: kid if _class(m) == key else ranking.STATIC,
+                            precision=precision)
+            try:
+                sess = _session(fused, threads)
+                out = sess.run(None, feeds)
+            except Exception as exc:  # a candidate ORT cannot load or run here is not ranked
+                result.dropped[kid] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                continue
+            if not _close(out, reference):
+                result.dropped[kid] = f"outputs differ from stock ORT's beyond rtol {RTOL:g}, atol {ATOL:g}"
+                continue
+            runners[kid] = (lambda s=sess: s.run(None, feeds))
+        if static not in runners or len(runners) < 3:
+            result.order = [static] if static in runners else []
+            results.append(result)
+            continue
+        if progress:
+            progress(f"{key}: timing {', '.join(k for k in runners if k != STOCK)}")
+        t0 = time.perf_counter()
+        for fn in runners.values():
+            fn()
+        once = max(time.perf_counter() - t0, 1e-6)
+        runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(1, len(results) + 1) / REPEATS / once)))
+        raw = protocol.measure(runners, runs=runs, repeats=REPEATS, warmup=1)
+        for kid, lat in raw.items():
+            result.p50_ms[kid] = statistics.median(protocol.p50_per_repeat(lat))
+            result.ratios[kid] = protocol.ratio_per_repeat(lat, raw[static])
+        result.order = _order(result, [k for k in runners if k != STOCK])
+        results.append(result)
+    return results
+
+
+def _order(result: ClassResult, timed: list[str]) -> list[str]:
+    """Fastest first; the static choice keeps first place unless beaten by MARGIN in every repeat."""
+    by_time = sorted(timed, key=lambda k: result.p50_ms[k])
+    best = by_time[0]
+    if best != result.static and not (statistics.median(result.ratios[best]) <= 1 - MARGIN
+                                      and max(result.ratios[best]) < 1):
+        best = result.static
+    return [best] + [k for k in by_time if k != best]
+
+
+def store(results: list[ClassResult], model_name: str, threads: int) -> str:
+    """Merge the measured orders into this machine's ranking file; returns its path."""
+    classes = {r.key: {"order": r.order, "static": r.static, "model": model_name, "threads": threads,
+                       "p50_ms": {k: round(v, 4) for k, v in r.p50_ms.items()},
+                       "ratios_to_static": {k: [round(x, 4) for x in v] for k, v in r.ratios.items()},
+                       "dropped": r.dropped}
+               for r in results if r.order}
+    return str(ranking.record(classes)) if classes else ""
