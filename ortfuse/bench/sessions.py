@@ -7,6 +7,7 @@ Every configuration is its own session on the same model and inputs, on the CPU 
     ortfuse_auto       ortfuse.InferenceSession(fusion="auto"), ORT_ENABLE_ALL
     ortfuse_numba      ortfuse.InferenceSession(fusion=True), ORT_ENABLE_ALL
     ort_enable_all_b   a second, independent stock ORT_ENABLE_ALL session: the A/A control
+    openvino_f32       OpenVINO's CPU plugin, float32 forced (``--peer openvino``; ``ortfuse.bench.peers``)
 
 Sessions are built with ``measuring_options`` (ortfuse.runtime.session_options), the same options
 ``ortfuse tune`` times with. This module imports neither onnxruntime nor ortfuse until a session is
@@ -23,7 +24,7 @@ from ortfuse.runtime.session_options import DEFAULT_SPINNING, DIMS_KEY, measurin
 @dataclass(frozen=True)
 class Config:
     name: str
-    runtime: str  # "onnxruntime" (stock) or "ortfuse"
+    runtime: str  # "onnxruntime" (stock), "ortfuse", or a peer ("openvino")
     level: str  # name of an onnxruntime.GraphOptimizationLevel
     fusion: object  # ortfuse's fusion= argument; None for stock sessions
     description: str
@@ -46,9 +47,10 @@ CONFIGS: dict[str, Config] = {
         # Later: numba kernels forced for every fused op; for now the same as fusion=True.
         Config("ortfuse_numba", "ortfuse", "ORT_ENABLE_ALL", True, "ortfuse fusion=True"),
         Config(CONTROL, "onnxruntime", "ORT_ENABLE_ALL", None, "A/A control: second stock ORT_ENABLE_ALL session"),
+        Config("openvino_f32", "openvino", "", None, "OpenVINO CPU plugin, f32 forced, same threads"),
     )
 }
-DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(c for c in CONFIGS if CONFIGS[c].runtime != "openvino")
 
 
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1):
@@ -57,6 +59,10 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
     import onnxruntime as ort
 
     cfg = CONFIGS[config] if isinstance(config, str) else config
+    if cfg.runtime == "openvino":
+        from ortfuse.bench.peers import OpenVinoSession
+
+        return OpenVinoSession(model, threads=threads)
     so = measuring_options(cfg.level, threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if cfg.fusion == "auto":
