@@ -27,11 +27,13 @@ Shape = Sequence[int | str]
 class GraphBuilder:
     """Collects nodes, inputs, outputs and weights; ``model()`` returns the ModelProto.
 
-    ``rng`` is the seeded generator layers draw weights from.
+    ``rng`` is the seeded generator layers draw weights from; ``opset`` is the default-domain
+    opset the model declares (``OPSET`` unless given).
     """
 
-    def __init__(self, name: str, seed: int, *, const_weights: bool = False) -> None:
+    def __init__(self, name: str, seed: int, *, const_weights: bool = False, opset: int = OPSET) -> None:
         self.name = name
+        self.opset = opset
         self.const_weights = const_weights
         self.rng = np.random.default_rng(seed)
         # Extra tensors only one weight style has (conv biases) come from their own stream,
@@ -61,10 +63,10 @@ class GraphBuilder:
         return self._unique("/" + "/".join([*self._scopes, op_type]))
 
     # -- graph parts -----------------------------------------------------------------------
-    def input(self, name: str, shape: Shape) -> str:
-        """Declare a float32 graph input."""
+    def input(self, name: str, shape: Shape, dtype: int = TensorProto.FLOAT) -> str:
+        """Declare a graph input of onnx elem type ``dtype`` (float32 unless given)."""
         self._used.add(name)
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
         return name
 
     def output(self, tensor: str, name: str, shape: Shape) -> str:
@@ -107,11 +109,11 @@ class GraphBuilder:
         return self.weight(hint, np.array(values, dtype=np.int64))
 
     def model(self) -> onnx.ModelProto:
-        """The finished model: opset 17, IR version 8, fixed producer, nothing time-dependent."""
+        """The finished model: this builder's opset, IR version 8, fixed producer, nothing time-dependent."""
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         model = helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
+            opset_imports=[helper.make_opsetid("", self.opset)],
             producer_name=PRODUCER,
             ir_version=IR_VERSION,
         )

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from . import bert, mlp, mobilenet, resnet
+from . import bert, crnn, db_detector, minilm, mlp, mobilenet, picodet, pplcnet, resnet, yolov8
 
-DIMS = {"seq": 128}  # sample sizes of symbolic dims other than "batch"
+# sample sizes of symbolic dims other than "batch"; "steps" is crnn_recognizer's output length at width 320
+DIMS = {"seq": 128, "width": 320, "steps": 80}
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Spec:
     make: Callable[[], onnx.ModelProto]
     inputs: dict[str, tuple[int | str, ...]]
     outputs: dict[str, tuple[int | str, ...]]
+    dtypes: dict[str, int] = field(default_factory=dict)  # input -> onnx elem type; unlisted inputs are FLOAT
 
 
 _IMAGE = {"input": ("batch", 3, 224, 224)}
@@ -78,6 +79,59 @@ SPECS: dict[str, Spec] = {
             _FEATURES,
             _FEATURES_OUT,
         ),
+        # zoo-a: exporter-shaped models (PP-LCNet, PP-OCR recognizer, MiniLM); opsets 15, 11 and 14
+        Spec(
+            "pplcnet_classifier",
+            "PP-LCNet x1.0 classifier, Paddle2ONNX style: HardSwish op, Conv+BN unfolded, opset 15",
+            "pplcnet",
+            pplcnet.make,
+            _IMAGE,
+            _LOGITS,
+        ),
+        Spec(
+            "crnn_recognizer",
+            "PP-OCR-style CTC text recognizer, dynamic width, run-time Reshape targets, opset 11",
+            "crnn",
+            crnn.make,
+            {"input": ("batch", 3, 48, "width")},
+            {"output": ("batch", "steps", 97)},
+        ),
+        Spec(
+            "minilm_encoder",
+            "all-MiniLM-L6-v2-like BERT encoder, TorchScript export style, int64 ids and mask, opset 14",
+            "minilm",
+            minilm.make,
+            dict.fromkeys(minilm.INPUTS, ("batch", "seq")),
+            {"last_hidden_state": ("batch", "seq", 384)},
+            dtypes=dict.fromkeys(minilm.INPUTS, onnx.TensorProto.INT64),
+        ),
+        # end zoo-a
+        # zoo-b: exporter-shaped CNN detectors (PP-OCR DB text detector, PP-PicoDet layout, YOLOv8n)
+        Spec(
+            "db_text_detector",
+            "PP-OCR-style DB text detector: MobileNetV3 x0.5, Add-Clip-Mul-Div HardSwish, RSE-FPN, ConvTranspose head",
+            "db_detector",
+            db_detector.make,
+            {"input": ("batch", 3, 640, 640)},
+            {"output": ("batch", 1, 640, 640)},
+        ),
+        Spec(
+            "picodet_layout",
+            "PP-PicoDet-style layout detector: Constant weights, PP-LCNet, 94 Add-Clip-Mul-Div HardSwish, CSP-PAN, GFL",
+            "picodet",
+            picodet.make,
+            {"image": ("batch", 3, 800, 608)},
+            {"boxes": ("batch", picodet.ANCHORS, 4), "scores": ("batch", picodet.CLASSES, picodet.ANCHORS)},
+        ),
+        Spec(
+            "yolov8n",
+            "YOLOv8n-style detector (torch export): Conv+SiLU, C2f, SPPF, Resize, DFL head and box decode",
+            "yolov8",
+            yolov8.make,
+            {"images": ("batch", 3, 320, 320)},
+            {"output0": ("batch", 4 + yolov8.CLASSES, yolov8.ANCHORS)},
+        ),
+        # end zoo-b
     )
 }
 
@@ -100,11 +154,16 @@ def make(name: str) -> onnx.ModelProto:
 
 
 def recipe(name: str) -> str:
-    """Digest of everything the model bytes depend on: generator sources and library versions."""
-    spec = get(name)
-    h = hashlib.sha256(f"{name}|numpy {np.__version__}|onnx {onnx.__version__}".encode())
-    for module in ("builder", "layers", "registry", spec.module):
-        h.update(Path(importlib.import_module(f"{__package__}.{module}").__file__).read_bytes())
+    """Digest of everything the model bytes depend on: the sources of every module of this package
+    (a generator may import any of them) and the library versions, onnxruntime's included (BN
+    statistics are calibrated by a stock ORT run)."""
+    import onnxruntime
+
+    get(name)
+    versions = f"numpy {np.__version__}|onnx {onnx.__version__}|onnxruntime {onnxruntime.__version__}"
+    h = hashlib.sha256(f"{name}|{versions}".encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + b"\0" + source.read_bytes())
     return h.hexdigest()
 
 

@@ -14,6 +14,9 @@ Contract (planning itself: ``ortfuse.runtime.planning``):
   gets the original input: never an error where ORT succeeds. ``fusion_report`` says what happened.
 - Fused ops run native kernels where the registry has one for this CPU, else the numpy reference;
   if the native path cannot be registered, the reference is used with one warning.
+- ``fusion="auto"`` (argument or metadata) is created wherever stock ORT creates the model; by
+  default it serves at once with the best plan known on this machine and tunes on live traffic
+  (``ortfuse.runtime.live_tuning``: ``wait_tuned``, ``fusion_status``, ``tune_with``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import sys
 import onnxruntime as _ort
 
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.catalogue import UnknownPatternError
 from ortfuse.fusion.report import FusionReport
-from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
-from ortfuse.runtime.planning import plan_fusion, saved_fused_ops, stepped_aside
+from ortfuse.ir.metadata import MetadataError
+from ortfuse.runtime.live_tuning import LiveTuning, accept_ortvalues, status_of
+from ortfuse.runtime.op_registration import with_custom_ops
+from ortfuse.runtime.planning import Prepared, prepare, saved_fused_ops, stepped_aside
 from ortfuse.runtime.reference_runs import refuse_missing_inputs, run_guarded, status_message
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -82,78 +88,145 @@ class InferenceSession(_ort.InferenceSession):
         # tensors read by reference (Python-op) kernels, None when there are none: runs then need
         # _run_guarded, and with ORT's parallel executor they are shared runs (python_ops.begin_run)
         self._ortfuse_reference_inputs: frozenset | None = None
-        source = path_or_bytes
+        self._ortfuse_live: LiveTuning | None = None
+        source, user_options, prepared = path_or_bytes, sess_options, None
         plan = None
         provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
         if provider_problem:
             self.fusion_report = stepped_aside(provider_problem, fusion, stacklevel=3)
         elif isinstance(path_or_bytes, (str, bytes)):
-            plan, self.fusion_report = plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns)
+            try:
+                prepared = prepare(path_or_bytes, sess_options, fusion, fusion_patterns)
+            except (UnknownPatternError, MetadataError):
+                raise  # a bad fusion request is the caller's to fix
+            except Exception as exc:
+                if fusion != "auto":
+                    raise
+                # auto is created wherever stock ORT creates the model: planning's failure leaves it to ORT
+                prepared = Prepared(path_or_bytes, sess_options, stepped_aside(
+                    f"planning the fusion failed ({type(exc).__name__}: {exc}); stock ORT", fusion, stacklevel=3),
+                    auto=True)
+            plan, self.fusion_report, source = prepared.plan, prepared.report, prepared.source
+            sess_options = prepared.sess_options
+            self._ortfuse_disabled_optimizers = prepared.disabled_optimizers
+            self._ortfuse_reference_inputs = prepared.reference_inputs
         else:  # ORT raises its own TypeError for this input
             self.fusion_report = FusionReport(reason=f"unsupported input type {type(path_or_bytes).__name__}")
-        if plan is not None:
-            source = plan.source
-            self._ortfuse_disabled_optimizers = plan.disabled_optimizers
-            if plan.needs_custom_ops:
-                sess_options, why_not = with_custom_ops(sess_options, plan.native_ops,
-                                                        python_ops=plan.reference_inputs is not None)
-                if why_not:  # native path unavailable: the same fusions on kernels that need no native op
-                    from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
-
-                    # options registered before without these ops: rather than the slow reference
-                    # kernels, only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
-                    reused = why_not.startswith(REUSED_OPTIONS)
-                    warn_native_fallback(why_not, reused)
-                    plan, self.fusion_report = plan_fusion(path_or_bytes, sess_options, fusion, fusion_patterns,
-                                                            kernels=LOWERED_ONLY if reused else NO_NATIVE)
-                    self.fusion_report.notes.append(
-                        f"native kernels unavailable ({why_not}); "
-                        + ("only fusions lowered to ORT's own ops applied" if reused
-                           else "lowered or reference kernels used"))
-                    source = plan.source if plan is not None else path_or_bytes
-                    if plan is not None and plan.needs_custom_ops:
-                        sess_options, _ = with_custom_ops(sess_options, frozenset())
-            if plan is not None:
-                self._ortfuse_reference_inputs = plan.reference_inputs
         try:
             super().__init__(source, sess_options, providers, provider_options, **kwargs)
         except Exception as exc:
-            if plan is not None and isinstance(source, str) and source != path_or_bytes and source in str(exc):
+            if plan is not None and prepared is not None and prepared.auto:
+                # auto is created wherever stock ORT creates the model: the original, as ORT loads it
+                self.fusion_report = stepped_aside(f"ORT could not create the fused plan ({exc}); stock ORT",
+                                                   fusion, stacklevel=3, patterns=self.fusion_report.patterns)
+                plan, source, sess_options = None, path_or_bytes, user_options
+                self._ortfuse_disabled_optimizers, self._ortfuse_reference_inputs = set(), None
+                super().__init__(source, sess_options, providers, provider_options, **kwargs)
+            elif plan is not None and isinstance(source, str) and source != path_or_bytes and source in str(exc):
                 # ORT names the file it loaded (the fused copy in ortfuse's plan cache): name the caller's
                 given = path_or_bytes if isinstance(path_or_bytes, str) else "the model bytes"
                 raise type(exc)(str(exc).replace(source, f"{given} (fused by ortfuse into {source})")) from exc
             # fusion=False does not parse the model; one saved already fused still needs our ops.
-            if plan is not None or f"{DOMAIN}:Fused" not in str(exc):
+            elif plan is not None or f"{DOMAIN}:Fused" not in str(exc):
                 raise
-            self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
-            native_ops, self._ortfuse_reference_inputs = saved_fused_ops(source, sess_options)
-            sess_options = with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
-            super().__init__(source, sess_options, providers, provider_options, **kwargs)
+            else:
+                self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
+                native_ops, self._ortfuse_reference_inputs = saved_fused_ops(source, sess_options)
+                sess_options = with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
+                super().__init__(source, sess_options, providers, provider_options, **kwargs)
         self._ortfuse_parallel = (self._ortfuse_reference_inputs is not None and sess_options is not None
                                   and sess_options.execution_mode == _ort.ExecutionMode.ORT_PARALLEL)
+        if prepared is not None and prepared.auto:
+            self._ortfuse_live = LiveTuning(self, prepared, path_or_bytes, user_options, fusion, fusion_patterns,
+                                            kwargs.get("disabled_optimizers"))
+
+    @property
+    def fusion_status(self) -> str:
+        """One line: what the session runs now and, under ``fusion="auto"``, where tuning stands."""
+        live = getattr(self, "_ortfuse_live", None)
+        return live.status if live is not None else status_of(self.fusion_report)
+
+    def wait_tuned(self, timeout: float | None = None) -> bool:
+        """Block until ``fusion="auto"`` tuning has ended (True; also when there is nothing to tune),
+        or ``timeout`` seconds have passed (False)."""
+        live = getattr(self, "_ortfuse_live", None)
+        return True if live is None else live.wait(timeout)
+
+    def tune_with(self, feeds_list) -> None:
+        """Tune this ``fusion="auto"`` session on ``feeds_list`` (representative input dicts), in the
+        background, then swap to the faster plan; ``wait_tuned()`` waits for it."""
+        live = getattr(self, "_ortfuse_live", None)
+        if live is None:
+            raise ValueError("tune_with needs a session with fusion='auto' (argument or model metadata)")
+        live.tune_with(feeds_list)
+
+    def io_binding(self):
+        binding = super().io_binding()
+        binding._ortfuse_owner = self  # after a swap it keeps running on the C session it was made on
+        return binding
+
+    def create_ortvalue_from_shape_and_type(self, *args, **kwargs):
+        value = super().create_ortvalue_from_shape_and_type(*args, **kwargs)
+        value._ortfuse_owner = self  # CPU memory: accepted by the C session swapped in later
+        return value
+
+    def _validate_ortvalue_ownership(self, values):
+        super()._validate_ortvalue_ownership(accept_ortvalues(self, values))
 
     # A reference (Python-op) kernel cannot fail a run by itself (an exception there aborts the
     # process, custom_ops/python_ops.py): during a run it stops ORT through the RunOptions, and the
     # error is raised here as ORT raises a failed node's. Sessions without reference kernels run
     # exactly as ORT's (native kernels return ORT error statuses themselves).
+    # Under live tuning every run is counted in flight (tuning pauses meanwhile; a replaced C session
+    # is released only when none is) and the first feeds are recorded (ortfuse.runtime.live_tuning).
     def run(self, output_names, input_feed, run_options=None):
+        live = getattr(self, "_ortfuse_live", None)
+        if live is None:
+            return self._ortfuse_run(output_names, input_feed, run_options)
+        return live.counted(input_feed, self._ortfuse_run, output_names, input_feed, run_options)
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        live = getattr(self, "_ortfuse_live", None)
+        if live is None:
+            return self._ortfuse_run_with_ort_values(output_names, input_dict_ort_values, run_options)
+        return live.counted(input_dict_ort_values, self._ortfuse_run_with_ort_values, output_names,
+                            input_dict_ort_values, run_options)
+
+    def run_with_iobinding(self, iobinding, run_options=None):
+        live = getattr(self, "_ortfuse_live", None)
+        if live is None:
+            return self._ortfuse_run_with_iobinding(iobinding, run_options)
+        before = live.bound_elsewhere(self, iobinding)
+        if before is not None:  # made before a swap: runs on the C session (plan) it was made on
+            return live.counted(None, before.run_with_iobinding, iobinding._iobinding, run_options)
+        return live.counted(None, self._ortfuse_run_with_iobinding, iobinding, run_options)
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+        """As ORT's; see ``_ortfuse_run_async`` for sessions with reference kernels."""
+        live = getattr(self, "_ortfuse_live", None)
+        if live is None:
+            return self._ortfuse_run_async(output_names, input_feed, callback, user_data, run_options)
+        return live.counted_async(input_feed, callback, lambda finish: self._ortfuse_run_async(
+            output_names, input_feed, finish, user_data, run_options))
+
+    def _ortfuse_run(self, output_names, input_feed, run_options=None):
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run(output_names, input_feed, run_options)
         if isinstance(input_feed, dict):
             refuse_missing_inputs(input_feed, self._ortfuse_reference_inputs)
         return self._run_guarded(super().run, run_options, output_names, input_feed)
 
-    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+    def _ortfuse_run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run_with_ort_values(output_names, input_dict_ort_values, run_options)
         return self._run_guarded(super().run_with_ort_values, run_options, output_names, input_dict_ort_values)
 
-    def run_with_iobinding(self, iobinding, run_options=None):
+    def _ortfuse_run_with_iobinding(self, iobinding, run_options=None):
         if getattr(self, "_ortfuse_reference_inputs", None) is None:
             return super().run_with_iobinding(iobinding, run_options)
         return self._run_guarded(super().run_with_iobinding, run_options, iobinding)
 
-    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+    def _ortfuse_run_async(self, output_names, input_feed, callback, user_data, run_options=None):
         """With reference kernels, the run is a shared guarded run (one at a time per process; a
         call waits for the one in flight): a failing reference kernel stops it, and the callback
         gets ``([], user_data, message)`` as for any failed run."""

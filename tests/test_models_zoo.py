@@ -6,9 +6,11 @@ import argparse
 import collections
 import functools
 import hashlib
+import importlib
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -17,22 +19,24 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ortfuse import models
 from ortfuse.models import cache, cli, registry
 
-BIG = {"resnet50", "resnet50_const", "bert_encoder"}  # ~100 MB of weights each
+BIG = {"resnet50", "resnet50_const", "bert_encoder", "minilm_encoder"}  # ~100 MB of weights each
+SLOW_RUN = {"picodet_layout"}  # a few MB of weights, but slow to build twice or to run on 2 cores
 SMALL = [n for n in models.NAMES if n not in BIG]
 CONST_PAIRS = [("resnet50", "resnet50_const"), ("mobilenetv3_block", "mobilenetv3_block_const")]
 CONST_PARAMS = [pytest.param(*p, marks=pytest.mark.slow) if p[0] in BIG else p for p in CONST_PAIRS]
 
 
-def _param(name: str):
-    return pytest.param(name, marks=pytest.mark.slow) if name in BIG else name
+def _param(name: str, slow: set[str] = BIG):
+    return pytest.param(name, marks=pytest.mark.slow) if name in slow else name
 
 
 ALL = [_param(n) for n in models.NAMES]
+ALL_RUN = [_param(n, BIG | SLOW_RUN) for n in models.NAMES]  # for tests that build twice or run the model
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +113,12 @@ def test_names_default_and_descriptions():
         "mlp_gemm_relu_gelu",
         "mobilenetv3_block",
         "mobilenetv3_block_const",
+        "pplcnet_classifier",
+        "crnn_recognizer",
+        "minilm_encoder",
+        "db_text_detector",
+        "picodet_layout",
+        "yolov8n",
     }
     assert models.DEFAULT == "resnet50" and models.DEFAULT in models.NAMES
     for name in models.NAMES:
@@ -134,11 +144,12 @@ def test_cache_dir_from_env_else_home(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("name", models.NAMES)
 def test_sample_inputs_shapes_and_determinism(name):
+    spec = registry.get(name)
     feeds = models.sample_inputs(name, batch=3, seed=7)
-    assert list(feeds) == list(registry.get(name).inputs)
+    assert list(feeds) == list(spec.inputs)
     for key, array in feeds.items():
-        assert array.dtype == np.float32
-        assert array.shape == registry.concrete(registry.get(name).inputs[key], 3)
+        assert array.dtype == np.dtype(onnx.helper.tensor_dtype_to_np_dtype(spec.dtypes.get(key, TensorProto.FLOAT)))
+        assert array.shape == registry.concrete(spec.inputs[key], 3)
         assert array.shape[0] == 3
         np.testing.assert_array_equal(array, models.sample_inputs(name, batch=3, seed=7)[key])
         assert not np.array_equal(array, models.sample_inputs(name, batch=3, seed=8)[key])
@@ -150,18 +161,21 @@ def test_sample_inputs_shapes_and_determinism(name):
 @pytest.mark.parametrize("name", ALL)
 def test_checker_and_strict_shape_inference(name):
     model = _model(name)
+    spec = registry.get(name)
+    opset = getattr(importlib.import_module(f"ortfuse.models.{spec.module}"), "OPSET", 17)
     assert model.ir_version == 8
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", opset)]
     onnx.checker.check_model(model, full_check=True)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    spec = registry.get(name)
     assert {i.name: _dims(i) for i in model.graph.input} == spec.inputs
     assert {o.name: _dims(o) for o in inferred.graph.output} == spec.outputs
-    for vi in [*model.graph.input, *model.graph.output]:
-        assert vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    for vi in model.graph.input:
+        assert vi.type.tensor_type.elem_type == spec.dtypes.get(vi.name, TensorProto.FLOAT), vi.name
+    for vi in model.graph.output:
+        assert vi.type.tensor_type.elem_type == TensorProto.FLOAT, vi.name
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL_RUN)
 def test_runs_on_stock_ort_with_dynamic_batch(name):
     sess = _session(name)
     spec = registry.get(name)
@@ -188,7 +202,7 @@ def test_const_variant_computes_the_same_function(plain, const):
 
 
 # -- determinism ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL_RUN)
 def test_build_is_byte_identical(name, fresh_cache):
     first = models.make(name).SerializeToString()
     assert models.make(name).SerializeToString() == first
@@ -246,6 +260,21 @@ def test_build_replaces_a_corrupt_or_stale_file(fresh_cache, monkeypatch):
     assert not cache.is_cached(NAME, "generator changed")
     models.build(NAME)
     assert path.stat().st_mtime_ns != stamp and cache.is_cached(NAME, "generator changed")
+
+
+def test_recipe_covers_every_generator_module(monkeypatch, tmp_path):
+    """A model's recipe changes with any module of the package, not only its own generator's: picodet
+    imports layers and pplcnet."""
+    for source in pathlib.Path(registry.__file__).parent.glob("*.py"):
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(registry, "__file__", str(tmp_path / "registry.py"))
+    before = registry.recipe("picodet_layout")
+    assert before == registry.recipe("picodet_layout")
+    for module in ("pplcnet.py", "layers.py"):
+        (tmp_path / module).write_text((tmp_path / module).read_text() + "\n# edited\n")
+        after = registry.recipe("picodet_layout")
+        assert after != before, module
+        before = after
 
 
 def test_parallel_builds_agree(fresh_cache):

@@ -104,8 +104,10 @@ def test_a_changed_model_file_is_planned_again(model_path):
     assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
 
 
-def test_changed_auto_decisions_make_the_plan_stale(model_path):
+def test_changed_auto_decisions_make_the_plan_stale(model_path, monkeypatch):
     from ortfuse.tune import tuner as tune
+
+    monkeypatch.setenv("ORTFUSE_TUNE", "sync")  # measured at creation, not in the background
 
     first = ortfuse.InferenceSession(model_path, fusion="auto")
     assert not _cached(first.fusion_report)

@@ -166,3 +166,19 @@ def test_cli_rank_dry_run_prints_json_and_stores_nothing(machine, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ranking_file"] == "" and not ranking.path().exists()
     assert HARDSWISH in {c["key"] for c in out["classes"]}
+
+
+def test_cli_rank_says_in_one_sentence_when_the_model_rejects_the_inputs(machine, capsys):
+    """A Reshape to a fixed size fails on any other width: the fix is named, no traceback."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, "w"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(np.array([2, 5], np.int64), "shape")])
+    path = machine / "r.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), str(path))
+    assert cli_main(["rank", str(path), "--budget", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ortfuse rank: ") and "--dim" in err and "Traceback" not in err
+    assert cli_main(["rank", str(path), "--budget", "1", "--dim", "w=10", "--dry-run"]) == 0
+    assert "nothing to rank" in capsys.readouterr().out

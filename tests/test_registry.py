@@ -151,9 +151,83 @@ def test_no_native_preference_never_picks_a_kernel_that_needs_native_ops():
     """The fallback when native ops cannot be registered: lowered rules ending in a native op are out too."""
     if "FusedHardSwish" not in registry._native_ops():
         pytest.skip("the native path is unavailable here, so every kernel already runs without it")
-    best = registry.select("FusedConvAct", variant="hardswish")
-    assert best.kernel.uses_native  # Conv + native FusedHardSwish wins when it can run
+    offered = [k for k in registry.kernels_for("FusedConvAct") if k.serves("hardswish")]
+    assert any(k.uses_native for k in offered)  # Conv + native FusedHardSwish is a candidate where it can run
     fallback = registry.select("FusedConvAct", variant="hardswish", prefer=registry.NO_NATIVE)
     assert fallback.kernel is not None and not fallback.kernel.uses_native
     assert fallback.kernel.path == registry.LOWERED  # ORT's HardSwish op or HardSigmoid+Mul, not numpy
     assert registry.select("FusedAddRelu", prefer=registry.NO_NATIVE).kernel.path == registry.REFERENCE
+
+
+# ----------------------------------------------------------------- the ISA a label names is numba's target
+
+
+def test_target_level_is_what_numba_compiles_for():
+    from ortfuse.kernels import isa
+
+    for level in isa.KERNEL_ISAS:
+        assert isa.target_level(*isa.numba_env(level).values()) == level, level
+    assert isa.target_level(*isa.numba_env("amx").values()) == "avx512"  # the native kernels' build on AMX
+    host = next(level for level in isa.KERNEL_ISAS if isa.LEVEL_FEATURES[level] <= isa.host_features())
+    assert isa.target_level(None, None) == host  # numba's default: the host
+    assert isa.target_level("haswell", None) == host  # a name alone keeps the host's features
+    assert isa.target_level("generic", "") == "generic"
+    assert isa.target_level("haswell", "+avx2,+fma,+avx,+sse4.2,-avx2") == "generic"  # removed again
+
+
+LABEL_PROBE = """
+import json, os
+from ortfuse.kernels import isa, registry
+import ortfuse
+from model_fixtures import ffn_matmul_add_relu
+sel = registry.select("FusedAddRelu", prefer="native")
+_, report = ortfuse.fuse(ffn_matmul_add_relu())
+print(json.dumps({"native_isa": registry.native_isa(), "native": sel.label, "reason": sel.reason,
+                  "labels": [m.kernel for m in report.fused], "numba": isa.numba_target()}))
+"""
+
+
+def _probe(env: dict) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "ORTFUSE_ISA")}
+    proc = subprocess.run([sys.executable, "-c", LABEL_PROBE], env={**base, **env, "PYTHONPATH": tests},
+                          capture_output=True, text=True, timeout=300, cwd=os.path.dirname(tests), check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # a fresh process imports ortfuse and lists the native ops (about 5 s)
+def test_isa_override_never_labels_host_code_generic():
+    """ORTFUSE_ISA=generic without numba's variables: numba compiles for the host, so no label says
+    "generic": the native kernels are the host's build, which the pretended CPU lacks, so they are
+    not chosen (the reason names their ISA); what runs is labelled truthfully."""
+    from ortfuse.kernels import isa
+
+    if not registry._native_ops():
+        pytest.skip("the native path is unavailable in this process")
+    host = isa.target_level(None, None)
+    if host == "generic":
+        pytest.skip("this CPU's own level is generic: nothing to tell apart")
+    got = _probe({"ORTFUSE_ISA": "generic"})
+    assert got["native_isa"] == host and got["numba"] == [None, None], got
+    assert got["native"] == "" and f"compiled for {host}" in got["reason"], got
+    assert got["labels"] and not any("generic" in label for label in got["labels"]), got
+
+
+@pytest.mark.slow  # a fresh process imports ortfuse and lists the native ops (about 5 s)
+def test_numba_target_names_the_label():
+    """numba_env("avx2") (an AVX2 build, on a CPU that has AVX2): the native label says avx2."""
+    from ortfuse.kernels import isa
+
+    if not registry._native_ops():
+        pytest.skip("the native path is unavailable in this process")
+    if "avx2" not in isa.LEVEL_FEATURES or not isa.LEVEL_FEATURES["avx2"] <= isa.host_features():
+        pytest.skip("this CPU has no AVX2")
+    got = _probe(isa.numba_env("avx2"))
+    assert got["native_isa"] == "avx2" and got["native"] == "native numba avx2", got
+    assert "native numba avx2" in got["labels"], got

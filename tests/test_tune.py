@@ -11,6 +11,7 @@ injected in place of the clock.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import onnx
@@ -20,7 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
 from ortfuse.fusion.report import DISABLED, FUSED
+from ortfuse.kernels import registry
 from ortfuse.runtime.session_options import DIMS_KEY
+from ortfuse.tune import decisions as tune_decisions
 from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner as tune
 
@@ -61,12 +64,11 @@ def _stock(model, feeds):
 
 
 def _native_available() -> bool:
-    from ortfuse.kernels import registry
-
     return "FusedHardSwish" in registry._native_ops()
 
 
-def test_auto_keeps_a_fusion_measured_to_win_and_computes_what_ort_computes():
+def test_auto_keeps_a_fusion_measured_to_win_and_computes_what_ort_computes(monkeypatch):
+    monkeypatch.setenv(tune.ENV, "sync")  # measured at creation (live tuning: tests/test_live_tuning.py)
     if not _native_available():
         pytest.skip("the native kernel path is unavailable in this process: no fused kernel can beat ORT")
     model = hardswish_model()
@@ -86,9 +88,10 @@ def test_auto_keeps_a_fusion_measured_to_win_and_computes_what_ort_computes():
     assert "fused op" in report.reason
 
 
-def test_every_match_gets_a_measured_decision_and_the_report_shows_it():
+def test_every_match_gets_a_measured_decision_and_the_report_shows_it(monkeypatch):
     """Whatever wins on the FFN fixture, each match is measured (times > 0) or names why it could
     not be, the report's fused records are exactly the kept decisions, and outputs equal stock ORT."""
+    monkeypatch.setenv(tune.ENV, "sync")  # measured at creation (live tuning: tests/test_live_tuning.py)
     model = ffn_matmul_add_relu(seq=7)
     session = ortfuse.InferenceSession(model, fusion="auto")
     tuning = tune.tune(model, measure=False)  # the entry the session just cached
@@ -319,3 +322,215 @@ def test_annotate_tune_needs_all(tmp_path, capsys):
     onnx.save(hardswish_model(side=8), str(path))
     assert annotate_main([str(path), "--pattern", "hardswish", "--tune"]) == 2
     assert "use it with --all" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- measure never raises; the budget
+
+
+def _measure(model, sample, **kw):
+    """measuring.measure on ``model`` with every pattern, ORT_ENABLE_ALL, default threads."""
+    from ortfuse.fusion.catalogue import validate_patterns
+
+    level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return measuring.measure(model, validate_patterns(None), level, 0, sample, {"k": 1}, False, **kw)
+
+
+def token_type_model(rows: int = 2) -> onnx.ModelProto:
+    """relu(table[ids] + x): a ``rows``-row embedding table read by an int64 input, then Add+Relu."""
+    table = numpy_helper.from_array(np.arange(rows * 8, dtype=np.float32).reshape(rows, 8), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["g"], name="embed"),
+             helper.make_node("Add", ["g", "x"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4]),
+                                                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], initializer=[table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_sample_run_ort_rejects_is_a_failure_with_the_way_out_not_an_exception():
+    """Random token types outside a 2-row table (the MiniLM case): the capture run fails in ORT;
+    measure returns nothing kept, one sentence naming the failure and `--inputs`, not cacheable."""
+    sample = {"ids": np.array([[0, 6, 1, 0]], np.int64), "x": np.zeros((1, 4, 8), np.float32)}
+    tuning = _measure(token_type_model(), sample)
+    assert tuning.failure and "sample run" in tuning.failure and "--inputs data.npz" in tuning.failure
+    assert tuning.decisions and not any(d.keep for d in tuning.decisions)
+    assert all(tuning.failure in d.reason for d in tuning.decisions)
+    assert not tuning.cacheable and tuning.model_check is None
+    _, report = ortfuse.fuse(token_type_model(), keep=tuning.keep_rule())
+    assert not report.applied and all(tuning.failure in m.reason for m in report.matches)
+    tuning.annotate(report)
+    assert any("tuning failed" in n and "--inputs" in n for n in report.notes), report.notes
+    good = {"ids": np.array([[0, 1, 1, 0]], np.int64), "x": np.zeros((1, 4, 8), np.float32)}
+    assert _measure(token_type_model(), good, budget_s=0).failure is None  # the same model, feeds it can take
+
+
+def test_a_failing_match_is_left_to_ort_and_the_others_are_measured(monkeypatch):
+    real = measuring._measure_subgraph
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # a clear loss: no timing
+
+    def first_fails(micro, feeds, pattern_id, *args):
+        if pattern_id == "add_relu":
+            raise RuntimeError("simulated: the cut model fails to build")
+        return real(micro, feeds, pattern_id, *args)
+
+    monkeypatch.setattr(measuring, "_measure_subgraph", first_fails)
+    tuning = _measure(ffn_matmul_add_relu(), ffn_inputs())
+    by_pattern = {d.pattern_id: d for d in tuning.decisions}
+    assert len(by_pattern) == 2 and tuning.failure is None and tuning.cacheable
+    failed = by_pattern.pop("add_relu")
+    assert not failed.keep and "measuring its subgraph failed (simulated: the cut model fails" in failed.reason
+    (other,) = by_pattern.values()
+    assert other.fused_ms == 2.5 and other.ort_ms == 1.0 and "ratio 2.50" in other.reason
+
+
+def test_a_failing_whole_model_check_keeps_nothing_and_says_why(monkeypatch):
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (1.0, 1.0))
+    monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS))
+
+    def check_fails(*args):
+        raise RuntimeError("simulated: fused session fails to create")
+
+    monkeypatch.setattr(measuring, "_check_model", check_fails)
+    tuning = _measure(ffn_matmul_add_relu(), ffn_inputs())
+    assert len(tuning.decisions) == 2 and not any(d.keep for d in tuning.decisions)
+    assert "whole model" in tuning.failure and "simulated: fused session fails" in tuning.failure
+    assert all(tuning.failure in d.reason for d in tuning.decisions) and not tuning.cacheable
+
+
+def test_the_budget_stops_measuring_and_leaves_the_rest_to_ort(monkeypatch):
+    """A stated clock: each subgraph measurement takes 100 s of it; with a 30 s budget the first match
+    is measured and the second is not (reason names the budget), and the tuning is not final."""
+    clock = [0.0]
+    monkeypatch.setattr(measuring.time, "perf_counter", lambda: clock[0])
+
+    def slow(micro, feeds, pattern_id, *args):
+        clock[0] += 100.0
+        return tune_decisions.Decision(pattern_id, [], False, "auto: measured", 2.0, 1.0, kernel=args[-1])
+
+    monkeypatch.setattr(measuring, "_measure_subgraph", slow)
+    tuning = _measure(ffn_matmul_add_relu(), ffn_inputs(), budget_s=30)
+    assert [d.reason for d in tuning.decisions] == ["auto: measured",
+                                                    "auto: not measured: tuning budget of 30 s spent; left to ORT"]
+    assert tuning.budget_spent and not tuning.cacheable and tuning.failure is None
+    report = ortfuse.fuse(ffn_matmul_add_relu(), keep=tuning.keep_rule())[1]
+    tuning.annotate(report)
+    assert any("budget ran out; 1 match(es) not measured" in n for n in report.notes), report.notes
+    assert measuring.BUDGET_S > measuring.MODEL_BUDGET_S  # the default leaves time for the matches
+
+
+# ----------------------------------------------------------------- decisions name their kernel and constants
+
+
+def pow_chains(exponents=(2.0, 2.7)) -> onnx.ModelProto:
+    """Two equal-shape chains |x| ** e * 0.5, one per exponent: eltwise_chain matches of equal shapes."""
+    inits = [numpy_helper.from_array(np.array(e, np.float32), f"e{i}") for i, e in enumerate(exponents)]
+    inits.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    nodes = []
+    for i, x in enumerate(("x", "z")):
+        nodes += [helper.make_node("Abs", [x], [f"a{i}"], name=f"abs{i}"),
+                  helper.make_node("Pow", [f"a{i}", f"e{i}"], [f"p{i}"], name=f"pow{i}"),
+                  helper.make_node("Mul", [f"p{i}", "half"], [f"y{i}"], name=f"mul{i}")]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 8]) for n in ("x", "z", "y0", "y1")]
+    model = helper.make_model(helper.make_graph(nodes, "pows", vi[:2], vi[2:], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("exponents, measurements", [((2.0, 2.7), 2), ((2.0, 2.0), 1)])
+def test_matches_with_other_constants_are_measured_apart(monkeypatch, exponents, measurements):
+    real, calls = measuring._measure_subgraph, []
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))
+
+    def counted(*args):
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(measuring, "_measure_subgraph", counted)
+    model = pow_chains(exponents)
+    feeds = {k: np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32) for k in ("x", "z")}
+    tuning = _measure(model, feeds)
+    assert len(calls) == measurements and len(tuning.decisions) == 2
+    digests = {d.constants for d in tuning.decisions}
+    assert len(digests) == measurements and all(digests)
+    digest = tune_decisions.constants_digester(model)
+    assert [d.constants for d in tuning.decisions] == [digest(d.nodes) for d in tuning.decisions]
+
+
+def test_a_decision_is_used_only_with_the_constants_it_was_measured_with(monkeypatch):
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (1.0, 1.0))
+    monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS))
+    model = pow_chains((2.0, 2.0))
+    feeds = {k: np.ones((4, 8), np.float32) for k in ("x", "z")}
+    tuning = _measure(model, feeds)
+    assert all(d.keep for d in tuning.decisions) and tuning.model_check["passed"]
+    same = ortfuse.fuse(model, keep=tuning.keep_rule(model))[1]
+    assert same.counts() == {"eltwise_chain": 2}
+    other = pow_chains((2.0, 2.7))  # the second chain's exponent changed after measuring
+    report = ortfuse.fuse(other, keep=tuning.keep_rule(other))[1]
+    assert [m.decision for m in report.matches] == [FUSED, DISABLED]
+    assert report.matches[1].reason.startswith(tune_decisions.CONSTANTS_CHANGED)
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    registry._native_ops.cache_clear()
+    yield monkeypatch
+    registry._native_ops.cache_clear()
+
+
+def test_decisions_for_the_native_kernel_are_not_used_for_the_reference_one(monkeypatch, fresh_registry):
+    """The issue's case: decisions measured with the native kernels, then a process without the
+    native path (ORTFUSE_NATIVE=0): the reference kernel is not kept on their strength, the report
+    shows no time measured for another kernel, and the lowered fusion (same kernel) still is kept."""
+    if not _native_available():
+        pytest.skip("the native path is unavailable in this process: nothing to compare against")
+    tuning = _tune_with(monkeypatch, (1.0, 1.0), (0.5, 1.0), (0.5, 1.0))
+    labels = {d.pattern_id: d.kernel for d in tuning.decisions}
+    assert labels["add_relu"].startswith("native numba ") and all(d.keep for d in tuning.decisions), labels
+    assert tuning.cacheable and _round_trip(tuning) == tuning.decisions
+    fresh_registry.setenv("ORTFUSE_NATIVE", "0")
+    registry._native_ops.cache_clear()  # listed with the native path while measuring
+    fresh_registry.setattr(measuring, "measure", lambda *a, **k: pytest.fail("measured despite the cache"))
+    with warnings.catch_warnings():  # the native fallback's warning, tested in test_registry.py
+        warnings.simplefilter("ignore")
+        session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")
+    records = {m.pattern_id: m for m in session.fusion_report.matches}
+    add_relu = records.pop("add_relu")
+    assert add_relu.decision == DISABLED, session.fusion_report.table()
+    assert add_relu.reason.startswith(tune_decisions.KERNEL_CHANGED)
+    assert labels["add_relu"] in add_relu.reason and "reference" in add_relu.reason
+    assert add_relu.fused_ms is None and add_relu.ort_ms is None  # no native times on it
+    assert [m.decision for m in records.values()] == [FUSED] and records["gemm_relu_gelu"].fused_ms == 0.5
+    feeds = ffn_inputs()
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(ffn_matmul_add_relu(), feeds)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def _round_trip(tuning):
+    """The decisions after a JSON round trip (the cache and metadata form)."""
+    return tune_decisions.Tuning.from_dict(json.loads(json.dumps(tuning.to_dict()))).decisions
+
+
+def test_old_format_decisions_are_not_read():
+    model = hardswish_model(side=8)
+    first = tune.tune(model, measure=False)
+    path = tune._cache_path(first.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": 1, "key": first.key, "decisions": [
+        {"pattern_id": "hardswish", "nodes": ["hs_add", "hs_clip", "hs_div", "hs_mul"], "keep": True,
+         "reason": "kept", "fused_ms": 0.1, "ort_ms": 1.0}]}))
+    assert tune_decisions.FORMAT == 2
+    assert tune.tune(model, measure=False).decisions == []  # the kernel-less decision is not used
+
+
+def test_a_subgraph_that_would_get_another_kernel_than_in_the_model_is_not_measured(monkeypatch):
+    monkeypatch.setattr(measuring, "_best_of", lambda *a: pytest.fail("timed a kernel the model would not run"))
+    model = hardswish_model(channels=2, side=4)
+    feeds = {"x": np.ones((1, 2, 4, 4), np.float32)}
+    level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    decision = measuring._measure_subgraph(model, feeds, "hardswish", level, 1, kernel="some other kernel")
+    assert not decision.keep and decision.kernel == "some other kernel" and decision.fused_ms is None
+    assert "on its own subgraph the match gets kernel" in decision.reason

@@ -1,9 +1,10 @@
-"""The models ``ortfuse bench`` runs (an .onnx path or a zoo name) and their seeded sample inputs."""
+"""The models ``ortfuse bench`` runs (an .onnx path or a zoo name) and their inputs: seeded sample data
+or given arrays (``ortfuse.ir.feeds``), checked on stock ORT before any timing."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,10 +15,15 @@ class BenchError(Exception):
 
 @dataclass
 class ModelSource:
+    """A model to bench and how its inputs are made: arrays from ``npz`` (``--inputs``), else sample
+    data with the named dynamic dims ``dims`` (``--dim``; the batch is the bench's own)."""
+
     label: str  # zoo name or file name as given
     path: str
     zoo: str | None  # zoo name when resolved through ortfuse.models
     description: str = ""
+    npz: str | None = None
+    dims: dict[str, int] = field(default_factory=dict)
 
 
 def zoo():
@@ -29,13 +35,17 @@ def zoo():
     return models
 
 
-def resolve_model(arg: str) -> ModelSource:
-    """A path to an .onnx file, or a zoo name built through ``ortfuse.models.build``."""
+def resolve_model(arg: str | ModelSource, npz: str | None = None, dims: dict[str, int] | None = None) -> ModelSource:
+    """A path to an .onnx file, or a zoo name built through ``ortfuse.models.build``, with the inputs
+    options ``npz`` and ``dims``; a ``ModelSource`` is returned as it is."""
+    if isinstance(arg, ModelSource):
+        return arg
+    dims = dict(dims or {})
     if os.path.isfile(arg):
-        return ModelSource(arg, os.path.abspath(arg), None, "")
+        return ModelSource(arg, os.path.abspath(arg), None, "", npz, dims)
     models = zoo()
     if models is not None and arg in models.NAMES:
-        return ModelSource(arg, str(models.build(arg)), arg, models.describe(arg))
+        return ModelSource(arg, str(models.build(arg)), arg, models.describe(arg), npz, dims)
     if arg.lower().endswith(".onnx"):
         raise BenchError(f"model file not found: {arg}")
     known = ", ".join(models.NAMES) if models is not None else "(the model zoo ortfuse.models is not installed)"
@@ -61,17 +71,31 @@ def file_batch(path: str, batch: int) -> int:
 
 
 def inputs_from_declared(path: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs from the model's declared shapes and dtypes (``ortfuse.ir.feeds``: dynamic
-    dims are ``batch`` for the first dim, 128 for any other)."""
+    """Seeded sample inputs from the model's declared shapes and dtypes, drawn by the model's rules
+    (``ortfuse.ir.feeds.random_feeds``: dynamic dims are ``batch`` for the first dim, 128 for any other)."""
+    return make_inputs(ModelSource(path, path, None), batch, seed, check=False)
+
+
+def make_inputs(src: ModelSource, batch: int, seed: int = 0, check: bool = True) -> dict[str, np.ndarray]:
+    """The inputs of ``src`` at ``batch``: its ``npz`` arrays, else sample data (a zoo model's
+    ``sample_inputs``, a file's ``ortfuse.ir.feeds.command_feeds``) with its ``dims``. With ``check``,
+    stock ORT runs them once first: a ``BenchError`` with one sentence and the fix when it raises."""
     from ortfuse.ir import feeds
 
     try:
-        return feeds.random_feeds(_declared_inputs(path), batch=batch, seed=seed)
+        if src.zoo is not None and src.npz is None:
+            data = zoo().sample_inputs(src.zoo, batch=batch, seed=seed, dims=src.dims)
+        else:
+            data = feeds.command_feeds(src.path, src.npz, {**src.dims, "batch": batch}, batch, seed).feeds
+        if check:
+            feeds.check_feeds(src.path, data, src.npz)
     except feeds.FeedError as exc:
-        raise BenchError(f"{path}: {exc}") from None
+        raise BenchError(f"{src.label}: {exc}") from None
+    return data
 
 
-def make_inputs(src: ModelSource, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    if src.zoo is not None:
-        return zoo().sample_inputs(src.zoo, batch=batch, seed=seed)
-    return inputs_from_declared(src.path, batch, seed)
+
+def npz_batch(src: ModelSource) -> int:
+    """The batch of ``src``'s ``npz`` arrays: the first dim of its first input's array (1 for a scalar)."""
+    shape = next(iter(make_inputs(src, 1, check=False).values())).shape
+    return int(shape[0]) if shape else 1

@@ -4,6 +4,13 @@
     ortfuse bench mlp_gemm_relu_gelu --batch 1,64
     ortfuse bench model.onnx --runs 100 --repeats 5 --json out.json --plot out.png
     ortfuse bench resnet50 --json benchmarks/results/   # -> benchmarks/results/bench-resnet50-<date>.json
+    ortfuse bench model.onnx --inputs data.npz          # on these arrays (by input name), at their batch
+    ortfuse bench model.onnx --dim seq=384
+    ortfuse bench pplcnet_classifier --peer openvino   # OpenVINO's CPU plugin (f32) in the same rounds
+
+Inputs are seeded sample data the model can take (``ortfuse.ir.feeds``) unless ``--inputs`` gives
+them; stock ORT runs them once before any timing, and a model that rejects them ends the bench with
+one sentence saying how to fix it.
 
 All configurations (``ortfuse.bench.sessions``) run in one process, each as its own session on the same
 model and inputs, timed by the protocol of docs/ARCHITECTURE.md §8 (``ortfuse.bench.protocol``):
@@ -25,10 +32,13 @@ import os
 import sys
 
 from ortfuse.bench.environment import QUIET_THREADS_ENV, quiet_threads_active
-from ortfuse.bench.inputs import BenchError
+from ortfuse.bench.inputs import BenchError, npz_batch, resolve_model, zoo
 from ortfuse.bench.output import header, result_path, table, write_json
+from ortfuse.bench.peers import PEERS
+from ortfuse.bench.peers import available as peer_available
 from ortfuse.bench.run import DEFAULT_BUDGET_S, DEFAULT_GAP_MS, DEFAULT_REPEATS, DEFAULT_WARMUP, bench
 from ortfuse.bench.sessions import CONFIGS, DEFAULT_CONFIGS, DEFAULT_SPINNING
+from ortfuse.cli.verify import add_input_arguments
 
 _CHILD_FLAG = "ORTFUSE_BENCH_CHILD"  # set in the re-executed child: it must not re-execute again
 
@@ -98,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"configurations, in schedule order (default {','.join(DEFAULT_CONFIGS)})",
     )
     parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        choices=sorted(PEERS),
+        help="also run this alternative in the same interleaved rounds: openvino (OpenVINO's CPU plugin, "
+        "f32 forced, same threads; pip install -e '.[peers]')",
+    )
+    parser.add_argument(
         "--spinning",
         type=_on_off,
         default=DEFAULT_SPINNING,
@@ -125,6 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how to measure peak memory (default subprocess)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample inputs (default 0)")
+    add_input_arguments(parser, "sample inputs")
     parser.add_argument(
         "--json",
         metavar="OUT.json",
@@ -156,6 +175,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.runs is not None:
         argv += ["--runs", str(args.runs)]
     argv += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--configs", ",".join(args.configs)]
+    for peer in args.peer:
+        argv += ["--peer", peer]
     argv += [
         "--spinning",
         "on" if args.spinning else "off",
@@ -165,6 +186,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
         str(args.threads),
     ]
     argv += ["--memory", args.memory, "--seed", str(args.seed), "--quiet-threads", "off"]
+    if args.inputs:
+        argv += ["--inputs", args.inputs]
+    for item in args.dim:
+        argv += ["--dim", item]
     if args.json:
         argv += ["--json", args.json]
     if args.plot:
@@ -190,6 +215,29 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
+def _sources(args: argparse.Namespace) -> tuple[list, list[int]]:
+    """The models to bench (the zoo's default without one), each with ``--inputs`` and ``--dim``, and
+    the batches: ``--batch``, ``--dim batch=N`` (the same thing), or the batch of the ``--inputs`` arrays."""
+    from ortfuse.ir.model_args import ModelArgError, parse_dims
+
+    try:
+        dims = parse_dims(args.dim)
+    except ModelArgError as exc:
+        raise BenchError(str(exc)) from None
+    batches = list(args.batch)
+    if "batch" in dims:
+        if batches not in ([1], [dims["batch"]]):
+            raise BenchError("--dim batch=N and --batch say different batches; give the batch with --batch")
+        batches = [dims.pop("batch")]
+    models = args.models or ([zoo().DEFAULT] if zoo() is not None else [])
+    sources = [resolve_model(m, args.inputs, dims) for m in models]
+    if args.inputs and sources:
+        if len(batches) > 1:
+            raise BenchError("--inputs fixes the inputs' shapes: give at most one --batch value with it")
+        batches = [npz_batch(sources[0])]
+    return sources, batches
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "quiet_threads", False) and not quiet_threads_active() and os.environ.get(_CHILD_FLAG) != "1":
         return _run_in_quiet_child(args)
@@ -202,13 +250,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"ortfuse bench: {exc}", file=sys.stderr)
             return 2
     try:
+        configs = list(args.configs)
+        for peer in args.peer:
+            why_not = peer_available(peer)
+            if why_not:
+                raise BenchError(why_not)
+            if PEERS[peer] not in configs:
+                configs.append(PEERS[peer])
+        sources, batches = _sources(args)
         doc = bench(
-            args.models,
-            batches=args.batch,
+            sources,
+            batches=batches,
             runs=args.runs,
             repeats=args.repeats,
             warmup=args.warmup,
-            configs=args.configs,
+            configs=configs,
             spinning=args.spinning,
             gap_ms=args.gap_ms,
             threads=args.threads,

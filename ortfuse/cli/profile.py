@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ortfuse.cli.verify import add_input_arguments, command_inputs, default_patterns
 from ortfuse.runtime.session_options import make_options
 
 CPU = ["CPUExecutionProvider"]
@@ -243,8 +244,8 @@ def attribute(fused: Profile, stock: Profile, matches: list) -> Attribution:
         owners = {owner.get(o) for o in node.maps_to}
         if owners == {None}:
             ssplit.left_unfused_us += node.us
-        elif len(owners) == 1:
-            name = owners.pop()
+        elif len(owners) == 1 and None not in owners:
+            name = str(owners.pop())
             stock_time[name] = stock_time.get(name, 0.0) + node.us
         else:  # no original node found, or several owners: not split by guesswork
             ssplit.add_unmapped(node.op_type if not node.maps_to
@@ -312,14 +313,17 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1
         traces = {name: s.end_profiling() for name, s in sessions.items()}
         report = sessions[FUSED].fusion_report
         optimized = _ort_optimized_graph(data, tmp)
-        rewritten = _loaded_model(sessions[FUSED], model) if report.applied else model
+        loaded = _loaded_model(sessions[FUSED], model) if report.applied else model
+        # names of fused ops come from the rewrite; a planned layout (ORT's optimised graph) renames
+        # its nodes after their outputs, which the rewrite's producers resolve (docs/ARCHITECTURE.md §9)
+        rewritten = ortfuse.fuse(model, patterns)[0] if report.applied else model
         profiles = {}
         for name, path in traces.items():
             with open(path) as fh:
                 events = json.load(fh)
             totals, counted, run_us = read_trace(events, warmup)
             if name == FUSED:
-                nodes = _nodes(totals, counted, NameMap(rewritten), report.fused if report.applied else [])
+                nodes = _nodes(totals, counted, NameMap(rewritten, loaded), report.fused if report.applied else [])
             else:
                 nodes = _nodes(totals, counted, NameMap(model, optimized if name == ENABLE_ALL else None), [])
             per_run = np.sum([times for _, times, _ in totals.values()], axis=0) if totals else [0.0]
@@ -397,7 +401,7 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
              + f"; {r.runs} runs per configuration after {r.warmup} warm-up, interleaved; intra-op spinning off; "
                "medians per run",
              f"fusion: {r.fusion_reason}", ""]
-    rows = [("configuration", "run (ms)", "in kernels (ms)", "node total (ms)", "nodes")]
+    rows: list[tuple] = [("configuration", "run (ms)", "in kernels (ms)", "node total (ms)", "nodes")]
     for p in r.profiles.values():
         rows.append((LABELS[p.config], _ms(p.run_us), _ms(p.kernel_run_us), _ms(p.node_us), len(p.nodes)))
     lines += _table(rows)
@@ -496,8 +500,7 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
     p.add_argument("--patterns", "--pattern", nargs="+", action="extend", dest="patterns", metavar="ID",
                    help="pattern ids to fuse (default: the model's fusion_pattern_id, else all)")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
-                   help="size of a named dynamic dim for the random inputs (default: first dim 1, others 128)")
+    add_input_arguments(p)
     p.add_argument("--disable-all", action="store_true", help="also profile stock ORT_DISABLE_ALL")
     p.add_argument("--out-dir", metavar="DIR",
                    help="write the raw traces (<config>.json), profile.json and profile.png")
@@ -506,25 +509,26 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ortfuse import models
-    from ortfuse.cli.verify import default_patterns
     from ortfuse.fusion.catalogue import UnknownPatternError
-    from ortfuse.ir import feeds as _feeds
-    from ortfuse.ir import model_args
+    from ortfuse.ir import feeds, model_args
 
     try:
         if args.top < 1:
             raise ProfileError("--top must be at least 1")
         path = models.resolve(args.model)
         model = model_args.load(path)
-        dims = model_args.parse_dims(args.dim)
-        try:
-            data = _feeds.random_feeds(_feeds.declared_inputs(model), batch=dims.get("batch", 1), dims=dims)
-        except _feeds.FeedError as exc:
-            raise ProfileError(str(exc)) from None
+        made = command_inputs(model, args)
         if args.out_dir and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
             raise ProfileError(f"--out-dir {args.out_dir!r} exists and is not a directory")
-        result = profile(model, data, args.runs, args.warmup, default_patterns(model, args.patterns),
-                         args.disable_all, args.out_dir, label=path)
+        try:
+            result = profile(model, made.feeds, args.runs, args.warmup, default_patterns(model, args.patterns),
+                             args.disable_all, args.out_dir, label=path)
+        except ProfileError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - stock ORT ran these inputs: the fused session is to blame
+            raise ProfileError(f"a profiled session failed on inputs stock ORT runs (ORT: {feeds.ort_message(exc)}); "
+                               f"`ortfuse verify {args.model}` finds the fused op to blame") from None
+        result.notes = made.notes + result.notes
         if args.out_dir:
             with open(os.path.join(args.out_dir, "profile.json"), "w") as fh:
                 json.dump(result.to_dict(), fh, indent=2)
@@ -532,7 +536,7 @@ def run(args) -> int:
                 plot(result, os.path.join(args.out_dir, "profile.png"), args.top)
             except RuntimeError as exc:  # matplotlib missing
                 result.notes.append(f"no chart: {exc}")
-    except (ProfileError, model_args.ModelArgError, UnknownPatternError) as exc:
+    except (ProfileError, feeds.FeedError, model_args.ModelArgError, UnknownPatternError) as exc:
         print(f"ortfuse profile: {str(exc).rstrip('.')}.", file=sys.stderr)
         return 2
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_text(result, args.top))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import sys
 
+from ortfuse.cli.verify import add_input_arguments, command_inputs
+
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="path of the .onnx model, or a zoo model name (ortfuse models list)")
-    p.add_argument("--inputs", metavar="DATA.npz", help="input arrays by input name (default: seeded sample data)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of a named dynamic dim")
+    add_input_arguments(p)
     p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these pattern ids")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's)")
     p.add_argument("--budget", type=float, default=60.0, help="seconds of timed runs in all (default 60)")
@@ -27,8 +28,6 @@ def run(args) -> int:
     import dataclasses
     import os
 
-    import numpy as np
-
     from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError, validate_patterns
     from ortfuse.ir import feeds, model_args
@@ -36,24 +35,13 @@ def run(args) -> int:
 
     try:
         model = model_args.load(models.resolve(args.model))
-        dims = model_args.parse_dims(args.dim)
         ids = validate_patterns(args.patterns)
-        if args.inputs:
-            with np.load(args.inputs) as data:
-                sample = {k: data[k] for k in data.files}
-        else:
-            sample = feeds.random_feeds(feeds.declared_inputs(model), dims=dims, seed=0)
-    except (model_args.ModelArgError, UnknownPatternError, feeds.FeedError, OSError, ValueError) as exc:
+        sample = command_inputs(model, args).feeds
+    except (model_args.ModelArgError, UnknownPatternError, feeds.FeedError) as exc:
         print(f"ortfuse rank: {exc}", file=sys.stderr)
         return 2
     say = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr))
-    try:
-        results = ranking.rank(model, ids, sample, threads=args.threads, budget_s=args.budget, progress=say)
-    except Exception as exc:  # the model rejects the sample inputs: say so, no traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"ortfuse rank: the model could not run on the inputs ({first}); pass real inputs with "
-              "--inputs data.npz or set dynamic dims with --dim NAME=N", file=sys.stderr)
-        return 1
+    results = ranking.rank(model, ids, sample, threads=args.threads, budget_s=args.budget, progress=say)
     path = "" if args.dry_run else ranking.store(results, os.path.basename(args.model), args.threads)
     if args.json:
         print(json.dumps({"ranking_file": path, "classes": [dataclasses.asdict(r) for r in results]}, indent=1))

@@ -3,6 +3,7 @@
     ortfuse tune model.onnx                      # batch 1, other dynamic dims 128
     ortfuse tune resnet50 --batch 64 --threads 2
     ortfuse tune model.onnx --dim seq=384 --force --json
+    ortfuse tune model.onnx --inputs data.npz       # measured on these arrays (by input name)
 
 Sessions created later with ``fusion="auto"`` and the same optimization level, threads and input
 shapes (``SessionOptions`` config entry ``ortfuse.tune_dims``, e.g. ``"batch=64"``) load the cached
@@ -14,12 +15,13 @@ from __future__ import annotations
 import json
 import sys
 
+from ortfuse.cli.verify import add_input_arguments, command_inputs
+
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="path of the .onnx model, or a zoo model name (ortfuse models list)")
     p.add_argument("--batch", type=int, default=1, help="first dim of every input (default 1)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="value of a named dynamic dim (repeatable); unnamed dynamic dims other than the first are 128")
+    add_input_arguments(p, "sample inputs measured on")
     p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these pattern ids")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads of the sessions to tune for (default: ORT's)")
@@ -33,7 +35,7 @@ def run(args) -> int:
 
     from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError
-    from ortfuse.ir import model_args
+    from ortfuse.ir import feeds, model_args
     from ortfuse.runtime.session_options import make_options
     from ortfuse.tune import tuner as tune
 
@@ -45,16 +47,23 @@ def run(args) -> int:
                 f"unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, "
                 "ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL")
         model = model_args.load(models.resolve(args.model))
-    except model_args.ModelArgError as exc:
-        print(f"ortfuse tune: {exc}.", file=sys.stderr)
+        made = command_inputs(model, args, batch=args.batch)
+    except (model_args.ModelArgError, feeds.FeedError) as exc:
+        print(f"ortfuse tune: {str(exc).rstrip('.')}.", file=sys.stderr)
         return 2
+    for note in made.notes:
+        print(f"note: {note}", file=sys.stderr)
     so = make_options(level, threads=args.threads)
     try:
         tuning = tune.tune(model, args.patterns, so, batch=args.batch, dims=dims, force=args.force,
-                           measure=True, progress=not args.json)
+                           measure=True, progress=not args.json,
+                           sample=made.feeds if made.npz is not None else None)
     except UnknownPatternError as exc:
         print(f"ortfuse tune: {exc}", file=sys.stderr)
         return 2
+    if tuning.failure:
+        print(f"ortfuse tune: nothing was measured: {tuning.failure.rstrip('.')}.", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({**tuning.to_dict(), "path": tuning.path, "from_cache": tuning.from_cache}, indent=1))
         return 0

@@ -17,7 +17,8 @@ Contract:
   two per level, confirmation); every ORT run is counted.
 - ``transform(fused_model) -> fused_model`` is applied to every fused model before it runs: a hook
   for tests (injecting a faulty kernel) and experiments.
-- CLI exit status: 0 within tolerance, 1 mismatch, 2 usage error or unreadable model.
+- CLI exit status: 0 within tolerance, 1 mismatch, 2 usage error, unreadable model, or inputs the
+  model rejects (``ortfuse.ir.feeds.check_feeds``: one sentence with the fix).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ortfuse.ir.feeds import DEFAULT_DIM
 from ortfuse.runtime.session_options import make_options
 
 if TYPE_CHECKING:  # onnx is imported where a model is parsed
@@ -168,7 +170,7 @@ class Runner:
                                             else LEFT_OUT)
         return fuse(self.model, self.patterns, self.kernels, keep=keep)
 
-    def trial(self, subset: set | None) -> tuple[Trial, object]:
+    def trial(self, subset: set | None) -> tuple[Trial, Any]:
         """Fuse ``subset`` (None: everything), transform, run once, compare. Returns (trial, report)."""
         import onnxruntime as ort
 
@@ -457,50 +459,33 @@ def format_text(r: VerifyResult) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def make_feeds(model, npz: str | None, dims: dict[str, int], seed: int = DEFAULT_SEED) -> tuple[dict, str, list[str]]:
-    """(feeds, description of their source, notes): arrays from ``npz`` or seeded random ones."""
-    from ortfuse.ir import feeds as _feeds
+def add_input_arguments(p, what: str = "random inputs") -> None:
+    """``--inputs DATA.npz`` and ``--dim NAME=VALUE``, as every command that makes inputs takes them."""
+    p.add_argument("--inputs", metavar="DATA.npz",
+                   help="input arrays by input name (default: seeded sample data the model can take)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                   help=f"size of a named dynamic dim for the {what}, repeatable (dims not named: the first "
+                        f"is the batch, others {DEFAULT_DIM})")
 
-    try:
-        declared = _feeds.declared_inputs(model)
-    except _feeds.FeedError as exc:
-        raise VerifyError(str(exc)) from None
-    params = {d for _, _, dims_ in declared for d in dims_ if isinstance(d, str)}
-    unknown = sorted(set(dims) - params - {"batch"})
-    dim_notes = [f"--dim {', '.join(unknown)}: no model input has a dim of that name"] if unknown else []
-    if npz is None:
-        try:
-            data = _feeds.random_feeds(declared, batch=dims.get("batch", 1), dims=dims, seed=seed)
-        except _feeds.FeedError as exc:
-            raise VerifyError(f"{exc} (with --inputs data.npz)") from None
-        return data, (f"random, seed {seed}; dynamic dims: first 1, others {_feeds.DEFAULT_DIM}, "
-                      "unless set with --dim"), dim_notes
-    try:
-        with np.load(npz, allow_pickle=False) as archive:
-            data = {k: archive[k] for k in archive.files}
-    except Exception as exc:  # noqa: BLE001 - missing file, not a zip, pickled arrays refused...
-        raise VerifyError(f"cannot read {npz!r} as a .npz archive ({type(exc).__name__})") from None
-    names = [d[0] for d in declared]
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise VerifyError(f"{npz} has no array for model input(s) {', '.join(missing)} "
-                          f"(it has {', '.join(data) or 'none'})")
-    extra = [k for k in data if k not in names]
-    notes = [f"{npz}: array(s) {', '.join(extra)} are not model inputs and were ignored"] if extra else []
-    if dims:
-        notes.append("--dim is ignored with --inputs: the arrays' shapes are used")
-    return {n: data[n] for n in names}, npz, notes
+
+def command_inputs(model, args, batch: int = 1, seed: int = 0):
+    """The ``ortfuse.ir.feeds.CommandFeeds`` of ``args.inputs`` / ``args.dim`` for ``model``, run once on
+    stock ORT: ``FeedError`` (or ``SampleRejected``, with the fix) as one sentence otherwise;
+    ``ModelArgError`` for a malformed ``--dim``."""
+    from ortfuse.ir import feeds, model_args
+
+    made = feeds.command_feeds(model, args.inputs, model_args.parse_dims(args.dim), batch, seed)
+    feeds.check_feeds(model, made.feeds, made.npz)
+    return made
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="path of the .onnx model (or a zoo model name)")
-    p.add_argument("--inputs", metavar="DATA.npz", help="input arrays by input name (default: seeded random)")
+    add_input_arguments(p)
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
     p.add_argument("--patterns", "--pattern", nargs="+", action="extend", dest="patterns", metavar="ID",
                    help="pattern ids to fuse (default: the model's fusion_pattern_id, else all)")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
-                   help="size of a named dynamic dim for random inputs (default: first dim 1, others 128)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs")
     p.add_argument("--no-bisect", action="store_true", help="report the mismatch without bisecting")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -521,22 +506,22 @@ def default_patterns(model, patterns: list[str] | None):
 def run(args) -> int:
     from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError
-    from ortfuse.ir import model_args
+    from ortfuse.ir import feeds, model_args
 
     try:
         if args.atol < 0 or args.rtol < 0:
             raise VerifyError("--atol and --rtol must not be negative")
         path = models.resolve(args.model)
         model = model_args.load(path)
-        data, source, notes = make_feeds(model, args.inputs, model_args.parse_dims(args.dim), args.seed)
-        result = verify(model, data, default_patterns(model, args.patterns), args.atol, args.rtol,
-                        bisect_on_mismatch=not args.no_bisect, label=path, input_source=source)
-    except (VerifyError, model_args.ModelArgError, UnknownPatternError) as exc:
+        made = command_inputs(model, args, seed=args.seed)
+        result = verify(model, made.feeds, default_patterns(model, args.patterns), args.atol, args.rtol,
+                        bisect_on_mismatch=not args.no_bisect, label=path, input_source=made.source)
+    except (VerifyError, feeds.FeedError, model_args.ModelArgError, UnknownPatternError) as exc:
         msg = str(exc).rstrip(".") + "."
         print(f"ortfuse verify: {msg}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "exit_status": 2, "error": msg}))
         return 2
-    result.notes = notes + result.notes
+    result.notes = made.notes + result.notes
     print(result.to_json() if args.json else format_text(result))
     return 0 if result.ok else 1

@@ -1,13 +1,34 @@
-"""Seeded sample inputs from a model's declared graph inputs (bench, tune and verify feed models alike).
+"""Inputs for a model's declared graph inputs, as every command and the tuner make them: seeded
+sample data a model can take, or arrays a user gives in an ``.npz``; and the check that stock ORT
+runs the model on them, with one sentence saying how to fix it when it does not.
 
-Dynamic dims: a dim named in ``dims`` takes that value; otherwise the first dim is ``batch`` and any
-other dynamic dim ``DEFAULT_DIM``. Floats are standard normal, integers uniform in [0, 8) (small
-enough to be valid indices of most embeddings), bools fair coins.
+Sample data (``random_feeds``). Shapes: a dim named in ``dims`` takes that value; otherwise the first
+dim is ``batch`` and any other dynamic dim ``DEFAULT_DIM``. Values, seeded:
+
+- floats: standard normal; bools: fair coins;
+- integers, given the model: an input whose values index a table is uniform in [0, rows), rows being
+  the smallest table it indexes. "Indexes a table": the input, followed forward through ops that
+  keep its values (``VALUE_OPS``: Cast to an integer type, Unsqueeze, Squeeze, Reshape, Flatten,
+  Identity, Expand, Tile, Transpose, Slice, Concat, Gather's data input) and Add/Sub of an integer
+  scalar constant (the range shifts by it), reaches the index input of ``INDEXING_OPS`` (Gather,
+  GatherElements, OneHot's depth, com.microsoft EmbedLayerNormalization's ids) whose table is an
+  initializer or Constant (seen through Identity/Cast/DequantizeLinear) with a known size on the
+  indexed axis;
+- other integers: [0, 2) when the input is a mask, that is, its name contains "mask" or its values
+  reach (through ``VALUE_OPS``) a Cast to a floating type (an attention mask turned into a bias),
+  else [0, 8), small enough to be valid indices of most embeddings.
+
+``load_npz`` reads given arrays by input name and checks them against the declared inputs (missing
+name, dtype, rank, fixed dims). ``command_feeds`` is what the commands call: one of the two, with the
+notes a command prints. ``check_feeds`` runs stock ORT once and raises ``SampleRejected`` with the
+sentence to print.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,21 +37,45 @@ if TYPE_CHECKING:
     import onnx
 
 DEFAULT_DIM = 128
+INT_RANGE = (0, 8)
+MASK_RANGE = (0, 2)
+FIX = "pass real inputs with --inputs data.npz or set dynamic dims with --dim NAME=N"
+
+# ops whose output holds (some of) the values of the input at these positions ("*": any input)
+VALUE_OPS: dict[str, tuple[int, ...] | str] = {
+    "Cast": (0,), "Unsqueeze": (0,), "Squeeze": (0,), "Reshape": (0,), "Flatten": (0,), "Identity": (0,),
+    "Expand": (0,), "Tile": (0,), "Transpose": (0,), "Slice": (0,), "Concat": "*", "Gather": (0,),
+}
+# op -> (index input, table input, axis attribute or fixed axis); OneHot: values < depth (a scalar input)
+INDEXING_OPS: dict[str, tuple[tuple[int, int, str | int], ...]] = {
+    "Gather": ((1, 0, "axis"),),
+    "GatherElements": ((1, 0, "axis"),),
+    "EmbedLayerNormalization": ((0, 2, 0), (1, 4, 0), (9, 3, 0)),
+}
+_TABLE_THROUGH = {"Identity", "Cast", "DequantizeLinear"}  # ops a table is seen through, backwards
+_FLOAT_TYPES = {1, 10, 11, 16}  # onnx FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
 class FeedError(ValueError):
-    """The model declares an input for which no sample data can be made; the message says which."""
+    """No inputs can be made or read for the model; the message is one sentence saying which and why."""
+
+
+class SampleRejected(FeedError):
+    """Stock ORT raised on the inputs; the message is the sentence a command prints, with the fix."""
 
 
 Declared = tuple[str, int, list]  # (name, onnx elem type, dims: int or dim_param str or None)
 
 
-def declared_inputs(model: onnx.ModelProto | str) -> list[Declared]:
-    """(name, onnx elem type, dims) of the graph inputs that are not initializers."""
+def _model(model: onnx.ModelProto | str) -> onnx.ModelProto:
     import onnx
 
-    if isinstance(model, str):
-        model = onnx.load(model, load_external_data=False)
+    return onnx.load(model, load_external_data=False) if isinstance(model, str) else model
+
+
+def declared_inputs(model: onnx.ModelProto | str) -> list[Declared]:
+    """(name, onnx elem type, dims) of the graph inputs that are not initializers."""
+    model = _model(model)
     inits = {t.name for t in model.graph.initializer}
     out = []
     for vi in model.graph.input:
@@ -61,23 +106,259 @@ def concrete_shape(dims: list, batch: int = 1, named: Mapping[str, int] | None =
     return out
 
 
-def random_feeds(declared: list[Declared], batch: int = 1, dims: Mapping[str, int] | None = None,
-                 seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random arrays for ``declared`` inputs."""
+# --------------------------------------------------------------------------- value ranges from the graph
+
+
+class _Graph:
+    """Consumers, producers and constants of a model's top-level graph."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.constants: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
+        for node in g.node:
+            for i, name in enumerate(node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((node, i))
+            for name in node.output:
+                self.producer[name] = node
+            if node.op_type == "Constant" and node.output:
+                value = next((a.t for a in node.attribute if a.name == "value"), None)
+                if value is not None:
+                    self.constants[node.output[0]] = value
+
+    def table_rows(self, name: str, axis: int) -> int | None:
+        """Size on ``axis`` of the constant ``name`` (seen through ``_TABLE_THROUGH``), None if unknown."""
+        for _ in range(8):
+            if name in self.constants:
+                dims = list(self.constants[name].dims)
+                if -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                    return int(dims[axis])
+                return None
+            node = self.producer.get(name)
+            if node is None or node.op_type not in _TABLE_THROUGH or not node.input:
+                return None
+            name = node.input[0]
+        return None
+
+    def scalar(self, name: str) -> int | None:
+        """The value of an integer scalar (or one-element) constant, None otherwise."""
+        from onnx import numpy_helper
+
+        t = self.constants.get(name)
+        if t is None:
+            return None
+        try:
+            a = numpy_helper.to_array(t)
+        except Exception:  # noqa: BLE001 - external or malformed data: not a known constant
+            return None
+        return int(a.reshape(-1)[0]) if a.size == 1 and a.dtype.kind in "iu" else None
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return _attr(node, "to", 0)
+
+
+def _follow(graph: _Graph, start: str) -> tuple[tuple[int, int] | None, bool]:
+    """([low, high) the values of ``start`` must lie in to index every table they reach, or None when
+    they index none; whether they reach a Cast to a floating type)."""
+    low, high, found, to_float = 0, None, False, False
+    stack, seen = [(start, 0)], set()
+    while stack:
+        name, shift = stack.pop()  # values of ``name`` = input values + shift
+        if (name, shift) in seen:
+            continue
+        seen.add((name, shift))
+        for node, idx in graph.consumers.get(name, ()):
+            op = node.op_type
+            for index_input, table_input, axis in INDEXING_OPS.get(op, ()):
+                if idx != index_input or len(node.input) <= table_input:
+                    continue
+                rows = graph.table_rows(node.input[table_input],
+                                        _attr(node, axis, 0) if isinstance(axis, str) else axis)
+                if rows is not None:
+                    found = True
+                    low, high = max(low, -shift), rows - shift if high is None else min(high, rows - shift)
+            if op == "OneHot" and idx == 0 and len(node.input) > 1:
+                depth = graph.scalar(node.input[1])
+                if depth is not None and depth > 0:
+                    found = True
+                    low, high = max(low, -shift), depth - shift if high is None else min(high, depth - shift)
+            if op == "Cast" and _cast_to(node) in _FLOAT_TYPES:
+                to_float = True
+                continue
+            positions = VALUE_OPS.get(op)
+            if positions is not None and (positions == "*" or idx in positions):
+                stack += [(out, shift) for out in node.output[:1] if out]
+            elif op in ("Add", "Sub") and len(node.input) == 2:
+                k = graph.scalar(node.input[1 - idx])
+                if k is not None and (op == "Add" or idx == 0):
+                    stack.append((node.output[0], shift + (k if op == "Add" else -k)))
+    if not found or high is None or high <= low:
+        return None, to_float
+    return (low, high), to_float
+
+
+def integer_ranges(model: onnx.ModelProto | str, declared: list[Declared] | None = None) -> dict[str, tuple]:
+    """{integer input: (low, high, why)}: the half-open range ``random_feeds`` draws it from, and the
+    rule that chose it (see the module docstring)."""
     import onnx
 
+    model = _model(model)
+    declared = declared_inputs(model) if declared is None else declared
+    graph = _Graph(model)
+    out = {}
+    for name, elem, _ in declared:
+        if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).kind not in "iu":
+            continue
+        table, to_float = _follow(graph, name)
+        if table is not None:
+            out[name] = (*table, "indexes a table")
+        elif "mask" in name.lower() or to_float:
+            out[name] = (*MASK_RANGE, "mask")
+        else:
+            out[name] = (*INT_RANGE, "default")
+    return out
+
+
+def random_feeds(declared: list[Declared], batch: int = 1, dims: Mapping[str, int] | None = None,
+                 seed: int = 0, model: onnx.ModelProto | str | None = None) -> dict[str, np.ndarray]:
+    """Seeded sample arrays for ``declared`` inputs; with ``model``, integer inputs are drawn in the
+    ranges ``integer_ranges`` reads from its graph, else in [0, 8) (see the module docstring)."""
+    import onnx
+
+    ranges = integer_ranges(model, declared) if model is not None else {}
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, elem, decl in declared:
         shape = concrete_shape(decl, batch, dims)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
         if dtype.kind in "fc":
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
+            drawn = rng.standard_normal(shape, dtype=dtype) if dtype in (np.float32, np.float64) \
+                else rng.standard_normal(shape)
+            feeds[name] = drawn.astype(dtype, copy=False)
         elif dtype.kind in "iu":
-            feeds[name] = rng.integers(0, 8, size=shape).astype(dtype)
+            low, high = ranges.get(name, INT_RANGE)[:2]
+            feeds[name] = rng.integers(low, high, size=shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[name] = rng.random(shape) < 0.5
         else:
             raise FeedError(f"input {name!r} has dtype {dtype}, for which no sample data can be made; "
                             "pass inputs explicitly")
     return feeds
+
+
+# --------------------------------------------------------------------------- given arrays, and the check
+
+
+def _expected(elem: int, dims: list) -> str:
+    import onnx
+
+    shape = ", ".join(str(d) if d is not None else "?" for d in dims)
+    return f"{np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))} [{shape}]"
+
+
+def load_npz(path: str, declared: list[Declared]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """(arrays of ``path`` by declared input name, notes): a ``FeedError`` names the first input that is
+    missing or has another dtype, rank or fixed dim than declared; arrays no input takes are noted."""
+    import onnx
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            data = {k: archive[k] for k in archive.files}
+    except Exception as exc:  # noqa: BLE001 - missing file, not a zip, pickled arrays refused...
+        raise FeedError(f"cannot read {path!r} as a .npz archive ({type(exc).__name__})") from None
+    missing = [(n, e, d) for n, e, d in declared if n not in data]
+    if missing:
+        raise FeedError(f"{path} has no array for model input(s) {', '.join(n for n, _, _ in missing)} "
+                        f"(expected {'; '.join(f'{n}: {_expected(e, d)}' for n, e, d in missing)}; "
+                        f"it has {', '.join(data) or 'none'})")
+    for name, elem, dims in declared:
+        a, want = data[name], np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        fixed_ok = all(not isinstance(d, int) or d == s for d, s in zip(dims, a.shape))
+        if a.dtype != want or a.ndim != len(dims) or not fixed_ok:
+            raise FeedError(f"{path}: input {name!r} is {a.dtype} {list(a.shape)}, the model expects "
+                            f"{_expected(elem, dims)}")
+    names = [d[0] for d in declared]
+    extra = [k for k in data if k not in names]
+    notes = [f"{path}: array(s) {', '.join(extra)} are not model inputs and were ignored"] if extra else []
+    return {n: data[n] for n in names}, notes
+
+
+@dataclass
+class CommandFeeds:
+    """Inputs a command runs on: the arrays, where they come from (``npz`` path or None for sample
+    data), a one-line description of that, and notes for the user."""
+
+    feeds: dict[str, np.ndarray]
+    npz: str | None
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def command_feeds(model: onnx.ModelProto | str, npz: str | None = None, dims: Mapping[str, int] | None = None,
+                  batch: int = 1, seed: int = 0) -> CommandFeeds:
+    """Arrays from ``npz`` (``--inputs``), else sample data (``--dim`` values in ``dims``; ``batch``
+    unless ``dims`` names it) drawn by the model's rules; ``FeedError`` with one sentence otherwise."""
+    model = _model(model)
+    dims = dict(dims or {})
+    declared = declared_inputs(model)
+    if npz is not None:
+        feeds, notes = load_npz(npz, declared)
+        if dims:
+            notes.append("--dim is ignored with --inputs: the arrays' shapes are used")
+        return CommandFeeds(feeds, npz, npz, notes)
+    params = {d for _, _, decl in declared for d in decl if isinstance(d, str)}
+    unknown = sorted(set(dims) - params - {"batch"})
+    notes = [f"--dim {', '.join(unknown)}: no model input has a dim of that name"] if unknown else []
+    try:
+        feeds = random_feeds(declared, batch=dims.get("batch", batch), dims=dims, seed=seed, model=model)
+    except FeedError as exc:
+        raise FeedError(f"{exc} (with --inputs data.npz)") from None
+    source = f"random, seed {seed}; dynamic dims: first {dims.get('batch', batch)}, others {DEFAULT_DIM}, " \
+             "unless set with --dim"
+    return CommandFeeds(feeds, None, source, notes)
+
+
+def ort_message(exc: BaseException) -> str:
+    """ORT's error on one line, without its ``[ONNXRuntimeError] : N : CODE :`` prefix and C++ source
+    location: ``Reshape node 'name': <ORT's message>``."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text)
+    text = re.sub(r"^Non-zero status code returned while running (\w+) node\. Name:'([^']*)' Status Message: ",
+                  lambda m: f"{m.group(1)} node{f' {m.group(2)!r}' if m.group(2) else ''}: ", text)
+    text = re.sub(r"\S+\.(?:h|cc|cpp|cu):\d+ [\w:~<>]+\([^)]*\)\s*", "", text)
+    return text[:400].rstrip(". ")
+
+
+def rejected(exc: BaseException, npz: str | None = None) -> str:
+    """The sentence for inputs stock ORT raised on: sample data (None) or the arrays of ``npz``."""
+    if npz is None:
+        return f"the model rejected the sample inputs (ORT: {ort_message(exc)}); {FIX}"
+    return (f"the model rejected the inputs in {npz} (ORT: {ort_message(exc)}); check them against the "
+            "model's declared inputs")
+
+
+def check_feeds(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray], npz: str | None = None) -> None:
+    """Run stock ORT (CPU, ORT_DISABLE_ALL) once on ``feeds``: ``SampleRejected`` (the sentence of
+    ``rejected``) when the run raises; ``FeedError`` when ORT cannot even load the model."""
+    import onnxruntime as ort
+
+    from ortfuse.runtime.session_options import make_options
+
+    so = make_options("ORT_DISABLE_ALL")
+    so.log_severity_level = 4  # ORT would log the error it raises; the caller prints one sentence instead
+    try:
+        data = model if isinstance(model, str) else model.SerializeToString()
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT's load errors have several types
+        raise FeedError(f"stock onnxruntime cannot load the model (ORT: {ort_message(exc)})") from None
+    try:
+        sess.run(None, dict(feeds))
+    except Exception as exc:  # noqa: BLE001 - ORT's run errors have several types
+        raise SampleRejected(rejected(exc, npz)) from None

@@ -18,7 +18,9 @@ may describe a CPU this one is not: use it for selection logic only, never to ru
 
 numba compiles for one ISA per process: ``NUMBA_CPU_NAME`` and ``NUMBA_CPU_FEATURES`` are read once at
 import (docs/ARCHITECTURE.md §5). ``numba_env(isa)`` gives those variables for a variant; run the
-variant in a subprocess with them (tests/test_eltwise_kernels.py does). LLVM's tuning for recent Intel
+variant in a subprocess with them (tests/test_eltwise_kernels.py does). ``target_level(*numba_target())``
+is the level this process's numba code is compiled for (the label the report shows), whatever
+``ORTFUSE_ISA`` says. LLVM's tuning for recent Intel
 cores prefers 256-bit vectors, so numba's default target vectorises with ymm registers even where
 AVX-512 is present; ``numba_env("avx512")`` adds ``-prefer-256-bit`` for zmm code
 (``test_isa_variant_compiles_numerics_and_register_width`` checks the register width of each variant).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from collections.abc import Iterable
 
 __all__ = [
@@ -50,9 +53,11 @@ __all__ = [
     "has",
     "host_features",
     "numba_env",
+    "numba_target",
     "refresh",
     "select_isa",
     "supported_isas",
+    "target_level",
 ]
 
 ENV_VAR = "ORTFUSE_ISA"
@@ -234,6 +239,35 @@ def numba_env(isa: str) -> dict[str, str]:
         raise ValueError(f"unknown ISA {isa!r}; known: {', '.join(ISA_LEVELS)}")
     name, features = _NUMBA_TARGETS[isa]
     return {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features}
+
+
+def numba_target() -> tuple[str | None, str | None]:
+    """(CPU name, CPU features) numba compiles for in this process: numba's config once numba is
+    imported (it reads both at import), else what it will read from ``NUMBA_CPU_NAME`` and
+    ``NUMBA_CPU_FEATURES``; None means the host's (numba's default)."""
+    config = sys.modules.get("numba.core.config")
+    if config is not None:
+        return getattr(config, "CPU_NAME", None), getattr(config, "CPU_FEATURES", None)
+    name, features = os.environ.get("NUMBA_CPU_NAME"), os.environ.get("NUMBA_CPU_FEATURES")
+    if features is None and str(name).lower() == "generic":  # numba's own default for that name
+        features = ""
+    return name, features
+
+
+def target_level(name: str | None, features: str | None) -> str:
+    """The level (of ``KERNEL_ISAS``) of the code numba emits for CPU ``name`` with ``features``
+    (``numba_target``): with no feature string numba uses the host's features, whatever the name;
+    else the features the string adds (``+f``) to those ``numba_env`` implies for that name, minus
+    those it removes (``-f``). ``ORTFUSE_ISA`` plays no part: this is what the code was compiled for."""
+    if features is None:
+        feats = set(host_features())
+    else:
+        parts = [f.strip().lower() for f in features.split(",") if f.strip()]
+        implied = next((LEVEL_FEATURES[level] for level, (cpu, _) in _NUMBA_TARGETS.items()
+                        if name is not None and cpu == name.lower()), frozenset())
+        feats = (set(implied) | {_normalise(f) for f in parts if not f.startswith("-")} | _BASELINE) \
+            - {_normalise(f[1:]) for f in parts if f.startswith("-")}
+    return next((level for level in KERNEL_ISAS if LEVEL_FEATURES[level] <= feats), "generic")
 
 
 # the widest vector register each level's code uses

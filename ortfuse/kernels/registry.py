@@ -6,8 +6,9 @@ A kernel is (op, path, ISAs, dtypes, priority[, form, variants]). Paths:
 - ``native``: numba cfuncs registered as ORT custom ops (no GIL, no copies), declared by a rule as a
   ``NativeKernel``: the spec's own op type for float32, or a variant (float16 op types of the
   elementwise ops; the AMX GEMM with bf16 products). numba compiles them for one ISA per process
-  (docs/ARCHITECTURE.md §5): the level whose ``isa.numba_env`` this process was started with, else
-  the host's best level (numba's default target is the host).
+  (docs/ARCHITECTURE.md §5): the level of numba's target in this process (``isa.numba_env`` of a
+  level, else the host's: numba's default). That level is the kernel's ISA and its label, whatever
+  ``ORTFUSE_ISA`` says; an override without it leaves the native kernels out.
 - ``lowered``: the match rewritten into operators ORT already has (``com.microsoft:FusedConv``,
   MatMul + ``BiasGelu``, ...), by a rule's ``LoweringForm`` named ``form``, for the epilogues in
   ``variants``; a form that ends in a native op (Conv + FusedHardSwish) is offered only where that
@@ -104,16 +105,11 @@ class Selection:
 
 
 def native_isa() -> str:
-    """The ISA level numba compiles for in this process: the level whose ``numba_env`` the
-    environment carries, else the host's best level."""
-    for level in _isa.ISA_LEVELS:
-        try:
-            env = _isa.numba_env(level)
-        except ValueError:
-            continue
-        if all(os.environ.get(k) == v for k, v in env.items()):
-            return level
-    return _isa.best_isa() if _isa.best_isa() != "amx" else "avx512"
+    """The ISA level numba compiles the native kernels for in this process (``KERNEL_ISAS``): from
+    numba's target (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``, read at numba's import), else the
+    host's. ``ORTFUSE_ISA`` does not change it: a native kernel is listed at this level, so under an
+    override that lacks it (a pretended CPU that could not run that code) it is not selected."""
+    return _isa.target_level(*_isa.numba_target())
 
 
 @functools.lru_cache(maxsize=1)
@@ -229,7 +225,7 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
     candidates = [k for k in kernels_for(op, extra)
                   if _preferred(k, prefer) and k.serves(variant) and k.precision in allowed]
     have = _isa.supported_isas()
-    misfits = []
+    misfits, elsewhere = [], set()
     for kernel in candidates:
         if dtype not in kernel.dtypes:
             continue
@@ -238,6 +234,7 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
         else:
             level = next((i for i in have if i in kernel.isas), None)
             if level is None:
+                elsewhere |= set(kernel.isas)
                 continue
         why_not = fits(kernel) if fits is not None else ""
         if not why_not and AMX in kernel.isas:
@@ -252,5 +249,6 @@ def select(op: str, dtype: str = "float32", prefer: str | None = None, extra: tu
         return Selection(None, reason=f"no {op} kernel fits this match: {'; '.join(misfits)}")
     dtypes = sorted({d for k in candidates for d in k.dtypes})
     path = f" on path {prefer}" if prefer else ""
+    built = f" ({dtype} ones compiled for {', '.join(sorted(elsewhere))})" if elsewhere else ""
     return Selection(None, reason=f"no {op} kernel{path} for dtype {dtype} on this CPU ({', '.join(have)}); "
-                                  f"kernels exist for {', '.join(dtypes) or 'no dtype'}")
+                                  f"kernels exist for {', '.join(dtypes) or 'no dtype'}{built}")

@@ -2,9 +2,13 @@
 (``fuse`` with the request from arguments or metadata, the auto rule of ``ortfuse.tune``), and when
 to step aside so that ORT gets the caller's input unchanged (docs/ARCHITECTURE.md §1, §7).
 
-Contract: ``plan_fusion`` never raises for a model ORT could load, except for bad fusion requests
-(unknown pattern ids, malformed fusion metadata), which are the user's to fix; a ``Plan`` is what
-ORT loads instead of the caller's input, None means the input itself.
+Contract: ``plan_fusion`` and ``prepare`` never raise for a model ORT could load, except for bad
+fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix; a
+``Plan`` is what ORT loads instead of the caller's input, None means the input itself. Under
+``fusion="auto"`` the tuning mode (``session_options.tune_mode``) says whether decisions are measured
+now (``sync``) or only read from the cache (``background``, ``off``); a tuning that fails leaves the
+model to ORT and the report says why. ``Prepared.pending``: auto asked, nothing known yet for this
+model on this machine, so a live tuning (``ortfuse.runtime.live_tuning``) has something to decide.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
-from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry
+from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
+from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry, tune_mode
 
 if TYPE_CHECKING:
     import onnx
@@ -40,6 +45,28 @@ class Plan:
     needs_custom_ops: bool = False
     native_ops: frozenset = frozenset()  # native fused op types the model uses
     reference_inputs: frozenset | None = None  # tensors read by reference (Python-op) kernels; None: none
+
+
+@dataclass
+class Prepared:
+    """What a session hands to ORT: the model source, the options (ortfuse's ops registered when the
+    plan needs them), the report, and for ``fusion="auto"`` whether a tuning is still to be done."""
+
+    source: str | bytes
+    sess_options: object
+    report: FusionReport
+    plan: Plan | None = None
+    auto: bool = False  # fusion="auto" was asked (argument or metadata) and decided by the tuner
+    pending: bool = False  # auto, with no decisions known for this model here: live tuning decides
+    mode: str = ""  # the tuning mode planning ran under
+
+    @property
+    def disabled_optimizers(self) -> set[str]:
+        return set(self.plan.disabled_optimizers) if self.plan is not None else set()
+
+    @property
+    def reference_inputs(self) -> frozenset | None:
+        return self.plan.reference_inputs if self.plan is not None else None
 
 
 def _options_forbid_fusion(sess_options) -> str:
@@ -112,27 +139,66 @@ def stepped_aside(reason: str, fusion, stacklevel: int = 4, **fields) -> FusionR
     return FusionReport(reason=reason, stepped_aside=True, **fields)
 
 
+def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None = None, tuning=None) -> Prepared:
+    """The plan for a session, with ortfuse's ops registered on the options when it needs them; when
+    the native ops cannot be registered, the same fusions on kernels that need none (warned).
+    ``mode``: the tuning mode (default: ``tune_mode(sess_options)``); ``tuning``: decisions to apply
+    (a live tuning's) instead of looking them up."""
+    mode = mode or tune_mode(sess_options)
+    plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning)
+    out = Prepared(source, sess_options, report, plan, auto=used is not None or fusion == "auto", mode=mode)
+    if plan is not None and plan.needs_custom_ops:
+        options, why_not = with_custom_ops(sess_options, plan.native_ops, python_ops=plan.reference_inputs is not None)
+        out.sess_options = options
+        if why_not:
+            from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
+
+            # options registered before without these ops: rather than the slow reference kernels,
+            # only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
+            reused = why_not.startswith(REUSED_OPTIONS)
+            warn_native_fallback(why_not, reused, stacklevel=4)
+            plan, report, _ = _plan(source, options, fusion, fusion_patterns,
+                                    LOWERED_ONLY if reused else NO_NATIVE, mode, tuning)
+            report.notes.append(f"native kernels unavailable ({why_not}); "
+                                + ("only fusions lowered to ORT's own ops applied" if reused
+                                   else "lowered or reference kernels used"))
+            out.plan, out.report = plan, report
+            if plan is not None and plan.needs_custom_ops:
+                out.sess_options = with_custom_ops(options, frozenset())[0]
+    if out.plan is not None:
+        out.source = out.plan.source
+    out.pending = (mode == "background" and used is not None and not used.measured
+                   and out.plan is None and bool(report.matches))
+    return out
+
+
 def plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) -> tuple[Plan | None, FusionReport]:
     """Decide whether and how to fuse; never raises for a model ORT could load, except for bad
     fusion requests (unknown pattern ids, malformed fusion metadata), which are the user's to fix."""
+    plan, report, _ = _plan(source, sess_options, fusion, fusion_patterns, kernels, tune_mode(sess_options), None)
+    return plan, report
+
+
+def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tuning):
+    """(plan, report, the tuning auto used or None: not auto, or a plan read from the cache)."""
     if fusion is False:
-        return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it")
+        return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it"), None
     check_pattern_ids(fusion_patterns)
     explicit = fusion_patterns
     why_not = _options_forbid_fusion(sess_options)
     if why_not:
-        return None, stepped_aside(why_not, fusion)
+        return None, stepped_aside(why_not, fusion, stacklevel=5), None
     if fusion is None:  # read only the metadata first: an unannotated model is not parsed at all
         props = _scan_props(source)
         if props is not None and metadata.FUSION_ENABLED not in props:
-            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT")
+            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), None
     from ortfuse.runtime import plan_cache
 
     cache_key = plan_cache.key(source, sess_options, fusion, fusion_patterns, kernels)
     entry = plan_cache.load(cache_key)
     if entry is not None:
-        return _plan_from_cache(entry)
-    plan, report, depends = _plan_uncached(source, sess_options, fusion, explicit, kernels)
+        return (*_plan_from_cache(entry), None)
+    plan, report, depends, used = _plan_uncached(source, sess_options, fusion, explicit, kernels, mode, tuning)
     if depends is not None and not report.stepped_aside:
         entry = {"report": report.to_dict(),
                  "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
@@ -143,14 +209,14 @@ def plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) -> 
                                   depends)
         if stored and plan is not None:  # ORT reads the fused model from that file: no copy stays in memory
             plan.source = stored
-    return plan, report
+    return plan, report, used
 
 
 def _plan_from_cache(entry: dict) -> tuple[Plan | None, FusionReport]:
     report = FusionReport.from_dict(entry["report"])
     report.notes.append(f"plan read from ortfuse's cache ({entry['path']}): same model, request and environment")
     if any(n.startswith(_STALE_NOTE) for n in report.notes):
-        _warn_stale(stacklevel=5)
+        _warn_stale(stacklevel=6)
     if not entry["applied"]:
         return None, report
     reference_inputs = entry.get("reference_inputs")
@@ -171,68 +237,90 @@ def _warn_stale(stacklevel: int) -> None:
                   "(ortfuse_graph_digest differs); its patterns are matched again on this graph", stacklevel=stacklevel)
 
 
-def _plan_uncached(source, sess_options, fusion, explicit, kernels) -> tuple[Plan | None, FusionReport, list | None]:
-    """The plan, its report, and the files it depends on (None: the outcome must not be cached)."""
+def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, tuning=None):
+    """The plan, its report, the files it depends on (None: the outcome must not be cached), and
+    the tuning auto used (None: not auto)."""
     from ortfuse.fusion.provenance import is_rewritten, native_op_types, reference_op_inputs, report_of_rewritten
     from ortfuse.fusion.rewrite import fuse
 
     model, why_not = load_for_fusion(source, sess_options)
     if model is None:
         # Not warned about: ORT reads the input itself and raises its own error if it cannot.
-        return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"]), None
+        return None, FusionReport(reason=why_not, stepped_aside=True, notes=["model not parsed by onnx"]), None, None
     if is_rewritten(model):  # saved by `ortfuse-annotate --rewrite`: run it as is, with our ops registered
         report = report_of_rewritten(model)
         return Plan(source, report, needs_custom_ops=True, native_ops=frozenset(native_op_types(model)),
-                     reference_inputs=reference_op_inputs(model)), report, None
+                     reference_inputs=reference_op_inputs(model)), report, None, None
     request = metadata.parse_request(metadata.read_props(model))
     if fusion is None:
         if not request.annotated:
-            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), []
+            return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), [], None
         if not request.enabled:
-            return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT"), []
+            return None, FusionReport(reason="model metadata says fusion_enabled=false: stock ORT"), [], None
     patterns = validate_patterns(explicit if explicit is not None else request.patterns)
     stale = request.digest is not None and request.digest != metadata.graph_digest(model)
     if stale:  # the graph changed after annotation: matching runs on the graph as it is now
-        _warn_stale(stacklevel=5)
+        _warn_stale(stacklevel=6)
     why_not = _resolve_external_data(model, source)
     if why_not:
-        return None, stepped_aside(why_not, fusion, stacklevel=5, patterns=list(patterns)), None
+        return None, stepped_aside(why_not, fusion, stacklevel=6, patterns=list(patterns)), None, None
     auto = fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)
-    keep = _auto_rule(model, patterns, sess_options) if auto else None
+    used = None
+    if auto:
+        used = tuning if tuning is not None else auto_tuning(model, patterns, sess_options, mode)
+    keep = used.keep_rule(model) if used is not None else None
     depends: list | None = []  # files whose change makes this plan stale; None: the plan must not be cached
-    if keep is not None:
-        depends = [keep.tuning.path] if keep.tuning.path else ([] if keep.tuning.measured else None)
+    failure = (used.failure or "") if used is not None else ""
+    if used is not None:
+        depends = None if not used.cacheable else [used.path] if used.path else ([] if used.measured else None)
     fused, report = fuse(model, patterns, kernels, keep=keep,
                          precision=config_entry(sess_options, PRECISION_OPTION) or None)  # opt-in: kernels.registry
-    if keep is not None:
-        keep.tuning.annotate(report)
+    if used is not None:
+        used.annotate(report)
     if stale:
         report.notes.append(f"{_STALE_NOTE}: ortfuse_graph_digest does not match this graph; matched again")
     if not report.applied:
         if auto and report.matches:
-            report.reason = "fusion='auto': no fusion was measured to beat ORT on this machine; stock ORT"
-        return None, report, depends
+            report.reason = (f"fusion='auto': tuning failed ({failure}); stock ORT" if failure else
+                             "fusion='auto': no decisions for this model on this machine yet; stock ORT"
+                             if used is not None and not used.measured else
+                             "fusion='auto': no fusion was measured to beat ORT on this machine; stock ORT")
+        return None, report, depends, used
     data = fused.SerializeToString()
     if len(data) > _PROTOBUF_LIMIT:
         report = stepped_aside("the fused model would exceed protobuf's 2 GiB limit; ORT loads the original",
-                                fusion, stacklevel=5, patterns=report.patterns, matches=report.matches,
+                                fusion, stacklevel=6, patterns=report.patterns, matches=report.matches,
                                 notes=report.notes)
-        return None, report, None
+        return None, report, None, used
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
     plan = Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
                  frozenset(native_op_types(fused)), reference_op_inputs(fused))
-    return plan, report, depends
+    return plan, report, depends, used
 
 
-def _auto_rule(model: onnx.ModelProto, patterns, sess_options):
-    """The ``fuse(keep=...)`` rule of ``fusion="auto"``: the tuner's decisions for this model on this
-    machine (cached, else measured now unless ``ORTFUSE_TUNE=off``); unmeasured matches stay unfused."""
+def auto_tuning(model: onnx.ModelProto, patterns, sess_options, mode: str):
+    """The tuner's decisions for ``model`` on this machine under ``mode``: ``sync`` measures now when
+    none are cached; ``background`` and ``off`` read the cache only (decisions measured for other
+    input shapes included). Never raises: a failure is a tuning with ``failure`` set."""
     from ortfuse.tune import tuner as tune
+    from ortfuse.tune.decisions import Tuning
 
-    tuning = tune.tune(model, patterns, sess_options)
-    rule = tuning.keep_rule()
-    rule.tuning = tuning  # type: ignore[attr-defined]  # read back by plan_uncached
-    return rule
+    try:
+        if mode == "sync":
+            return tune.tune(model, patterns, sess_options, measure=True)
+        return tune.tune(model, patterns, sess_options, measure=False, any_shapes=True)
+    except Exception as exc:  # a bug in tuning must not stop a model ORT runs
+        failed = Tuning({}, measured=False)
+        failed.failure = tune.one_sentence(exc)
+        return failed
+
+
+def load_model(source: str | bytes, sess_options) -> tuple[onnx.ModelProto | None, str]:
+    """The model with its external data, or (None, why it cannot be had)."""
+    model, why_not = load_for_fusion(source, sess_options)
+    if model is not None:
+        why_not = _resolve_external_data(model, source)
+    return (None, why_not) if why_not else (model, "")
 
 
 def saved_fused_ops(source, sess_options) -> tuple[frozenset, frozenset | None]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 # config entries read by ortfuse (set by the caller)
 DIMS_KEY = "ortfuse.tune_dims"  # "batch=64,seq=128": the input shapes fusion="auto" is tuned for
 PRECISION_OPTION = "ortfuse.precision"  # "bf16": the precision opt-in (wins over $ORTFUSE_PRECISION)
+TUNE_KEY = "ortfuse.tune"  # background | sync | off: when fusion="auto" measures (wins over $ORTFUSE_TUNE)
+TUNE_BUDGET_KEY = "ortfuse.tune_budget_s"  # seconds of tuning work a background tuning may spend
 # config entries written by ortfuse on options it registered its custom ops on
 REGISTERED_KEY = "ortfuse.custom_ops_registered"
 NATIVE_KEY = "ortfuse.native_ops"
@@ -13,6 +15,11 @@ PYTHON_OPS_KEY = "ortfuse.python_ops"
 # ORT's own entries ortfuse sets
 INTRA_OP_SPINNING = "session.intra_op.allow_spinning"
 INTER_OP_SPINNING = "session.inter_op.allow_spinning"
+
+TUNE_ENV = "ORTFUSE_TUNE"
+TUNE_MODES = ("background", "sync", "off")
+_OFF_SPELLINGS = ("0", "off", "false", "no")
+_ON_SPELLINGS = ("", "1", "on", "true", "yes")  # tuning on: the default mode
 
 DEFAULT_SPINNING = False  # timed sessions: ORT's pool threads sleep after a run (docs/ARCHITECTURE.md §8)
 
@@ -26,6 +33,27 @@ def config_entry(sess_options, key: str) -> str:
         return sess_options.get_session_config_entry(key)
     except RuntimeError:
         return ""
+
+
+def tune_mode(sess_options) -> str:
+    """When ``fusion="auto"`` measures: ``background`` (default: serve at once, tune on live feeds,
+    swap), ``sync`` (measure while the session is created) or ``off`` (cached decisions only). The
+    ``ortfuse.tune`` config entry wins over ``$ORTFUSE_TUNE``; off/0/false/no mean off, on/1/true/yes
+    the default; an unknown value is warned about and taken as the default."""
+    import os
+
+    raw = config_entry(sess_options, TUNE_KEY) or os.environ.get(TUNE_ENV, "")
+    value = raw.strip().lower()
+    if value in TUNE_MODES:
+        return value
+    if value in _OFF_SPELLINGS:
+        return "off"
+    if value not in _ON_SPELLINGS:
+        import warnings
+
+        warnings.warn(f"ortfuse: unknown tuning mode {raw!r} (ortfuse.tune / ORTFUSE_TUNE: background, sync or "
+                      "off); using background", stacklevel=3)
+    return "background"
 
 
 def make_options(level=None, *, threads: int = 0, spinning: bool = True, quiet: bool = False,

@@ -5,15 +5,20 @@ Per legal match found by ``fuse``:
 - cut the replaced nodes out into a standalone model, constants as initializers, fed with the very
   tensors they receive in the model (one stock ORT run on sample inputs records them: real shapes,
   real values);
-- time stock ORT on that subgraph against ortfuse's replacement of it (``fuse`` of the same pattern),
-  both at the caller's optimization level and thread count, single runs interleaved A B B A
-  (``ortfuse.bench.protocol``), median over repeats; matches with equal pattern, op types,
-  attributes and shapes are measured once;
+- time stock ORT on that subgraph against ortfuse's replacement of it (``fuse`` of the same pattern,
+  with the kernel the match gets in the whole model: otherwise it is not measured), both at the
+  caller's optimization level and thread count, single runs interleaved A B B A
+  (``ortfuse.bench.protocol``), median over repeats; matches with equal kernel, op types,
+  attributes, shapes and constants (values too) are measured once;
 - keep the fusion when ``fused_ms <= (1 - MARGIN) * ort_ms``, it was faster in every repeat, and its
   outputs agree with ORT's.
 Then the whole model with the kept fusions is timed against stock ORT the same way; unless its ratio
 is at most ``MODEL_LIMIT`` and below 1 in every repeat, nothing is kept (the guarantee: ``auto`` is
 never slower than ORT; a fusion that only ties ORT within the noise of this machine is not worth it).
+
+Never raises for a model ORT loads: a failure comes back as decisions not to fuse, with the reason
+(``Tuning.failure`` when the sample run or the whole-model check fails), and measuring stops after
+``BUDGET_S`` (the matches not reached stay unfused; ``Tuning.budget_spent``).
 
 Fused models run on stock ORT sessions with ortfuse's ops registered (``ortfuse.runtime``), as
 ``ortfuse.InferenceSession`` runs a model ``fuse`` rewrote.
@@ -42,8 +47,9 @@ from ortfuse.kernels import registry
 from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
 from ortfuse.runtime.reference_runs import run_guarded
 from ortfuse.runtime.session_options import PRECISION_OPTION, measuring_options
-from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning
+from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
 
+BUDGET_S = 30.0  # wall time of one measure(): matches not reached by then are left to ORT, unmeasured
 SUBGRAPH_BUDGET_S = 0.25  # timed wall time per distinct subgraph (both sides together)
 MODEL_BUDGET_S = 3.0  # timed wall time of the whole-model check
 REPEATS = 3
@@ -55,30 +61,84 @@ BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-5, 2.0**-6  # atol times max(1, max|ORT
 CPU = ["CPUExecutionProvider"]
 
 
-def measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32) -> Tuning:
-    """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds."""
-    _, report = fuse(model, ids, precision=precision)
-    candidates = report.fused
+def measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32,
+            budget_s: float = BUDGET_S) -> Tuning:
+    """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds.
+
+    Never raises for a model ORT can load: when the sample run (or anything before the matches are
+    measured) fails, the Tuning holds no kept decision and ``failure`` says what failed and what to do;
+    a match whose subgraph fails is not kept, with the reason; once ``budget_s`` seconds are spent,
+    the matches not yet measured are not kept (the whole-model check still runs, within
+    ``MODEL_BUDGET_S``, when something was kept); a failing whole-model check keeps nothing."""
+    start = time.perf_counter()
     tuning = Tuning(key)
+    try:
+        _, report = fuse(model, ids, precision=precision)
+    except Exception as exc:  # noqa: BLE001 - a model ORT loads is left to ORT, with the reason
+        tuning.failure = f"finding the matches failed ({_brief(exc)}); the model runs as stock ORT"
+        return tuning
+    candidates = report.fused
     if not candidates:
         return tuning
-    ix = GraphIndex(model, infer_shapes=False)
-    by_name = {ix.name_of(n): n for n in ix.graph.node}
-    cuts = [_cut(ix, [by_name[n] for n in rec.nodes]) for rec in candidates]
-    captured = _capture(model, {t for cut in cuts for t in cut.runtime_inputs + cut.outputs}, sample)
+    try:
+        ix = GraphIndex(model, infer_shapes=False)
+        by_name = {ix.name_of(n): n for n in ix.graph.node}
+        cuts = [_cut(ix, [by_name[n] for n in rec.nodes]) for rec in candidates]
+        digests = [constants_digest(ix, [by_name[n] for n in rec.nodes]) for rec in candidates]
+        captured = _capture(model, {t for cut in cuts for t in cut.runtime_inputs + cut.outputs}, sample)
+    except Exception as exc:  # noqa: BLE001 - ORT rejected the sample feeds (an index out of range, a Reshape...)
+        tuning.failure = (f"the sample run on stock ORT failed ({_brief(exc)}); hand representative inputs "
+                          "(`ortfuse tune MODEL --inputs data.npz`, or a session's own traffic) to measure")
+        tuning.decisions = [Decision(rec.pattern_id, list(rec.nodes), False, f"auto: not measured: {tuning.failure}",
+                                     kernel=rec.kernel) for rec in candidates]
+        return tuning
     measured: dict[str, Decision] = {}
+    matches_until = start + max(0.0, budget_s - MODEL_BUDGET_S)  # the whole-model check keeps its share
     with _progress_bar(len(candidates), progress) as bar:
-        for rec, cut in zip(candidates, cuts):
-            micro, micro_feeds = cut.model(model, captured)
-            signature = cut.signature(micro_feeds)
-            if signature not in measured:
-                measured[signature] = _measure_subgraph(micro, micro_feeds, rec.pattern_id, level, threads, precision)
-            found = measured[signature]
+        for rec, cut, constants in zip(candidates, cuts, digests):
+            found = _decide_match(model, rec, cut, constants, captured, measured, level, threads, precision,
+                                  None if time.perf_counter() < matches_until else budget_s)
+            tuning.budget_spent |= found.reason == budget_reason(budget_s)
             tuning.decisions.append(dataclasses.replace(found, pattern_id=rec.pattern_id, nodes=list(rec.nodes)))
             bar.update(1)
     if any(d.keep for d in tuning.decisions):
-        tuning.model_check = _check_model(model, ids, tuning, level, threads, sample, precision)
+        try:
+            tuning.model_check = _check_model(model, ids, tuning, level, threads, sample, precision)
+        except Exception as exc:  # noqa: BLE001 - no check, no fusion: nothing is kept
+            tuning.failure = f"the whole model with the kept fusions failed to run ({_brief(exc)}); nothing kept"
+            why = f"auto: {tuning.failure}"
+            tuning.decisions = [dataclasses.replace(d, keep=False, reason=why) if d.keep else d
+                                for d in tuning.decisions]
     return tuning
+
+
+def _decide_match(model, rec, cut: _Cut, constants: str, captured: dict, measured: dict[str, Decision], level,
+                  threads, precision: str, spent_budget: float | None) -> Decision:
+    """The decision on one match (``rec``, a record of the unconstrained fuse; ``constants``, the
+    digest of its constants): measured once per signature; a failure of its subgraph or a spent
+    budget (``spent_budget``: the budget, in s) is a decision not to keep it, with the reason."""
+    try:
+        micro, micro_feeds = cut.model(model, captured)
+        signature = cut.signature(micro_feeds, rec.kernel, constants)
+        if signature in measured:
+            return measured[signature]
+        if spent_budget is not None:
+            return Decision(rec.pattern_id, [], False, budget_reason(spent_budget), kernel=rec.kernel,
+                            constants=constants)
+        found = _measure_subgraph(micro, micro_feeds, rec.pattern_id, level, threads, precision, rec.kernel)
+    except Exception as exc:  # noqa: BLE001 - this match stays as ORT runs it; the others go on
+        return Decision(rec.pattern_id, [], False, f"auto: measuring its subgraph failed ({_brief(exc)}); "
+                                                   "left to ORT", kernel=rec.kernel, constants=constants)
+    found = dataclasses.replace(found, constants=constants)
+    measured[signature] = found
+    return found
+
+
+def _brief(exc: BaseException) -> str:
+    """The first line of an exception's message, shortened: for one-sentence reasons."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 @dataclass
@@ -102,15 +162,15 @@ class _Cut:
         micro.ir_version = whole.ir_version
         return micro, micro_feeds
 
-    def signature(self, micro_feeds: dict) -> str:
-        h = hashlib.sha256()
+    def signature(self, micro_feeds: dict, kernel: str, constants: str) -> str:
+        """Matches with equal signatures share one measurement: same kernel, op types, attributes,
+        input shapes and dtypes, and constants (``constants``: their digest, values included)."""
+        h = hashlib.sha256(f"kernel:{kernel};constants:{constants}".encode())
         for n in self.nodes:
             h.update(f"{n.domain}:{n.op_type}:{[(a.name, str(helper.get_attribute_value(a))) for a in n.attribute]}"
                      .encode())
         for t in self.runtime_inputs:
             h.update(f"in{micro_feeds[t].shape}{micro_feeds[t].dtype}".encode())
-        for v in self.constants.values():
-            h.update(f"c{v.shape}{v.dtype}".encode())
         return h.hexdigest()
 
 
@@ -189,14 +249,26 @@ def _fuse_and_open(model, ids, sess_options, keep=None, precision: str = registr
 
 
 def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str, level, threads,
-                      precision: str = registry.FP32) -> Decision:
+                      precision: str = registry.FP32, kernel: str = "") -> Decision:
+    """The verdict on one cut-out match, measured with the kernel it gets there; when that is not
+    ``kernel`` (the one it gets in the whole model), it is not measured: a decision must be about
+    the kernel the model would run."""
     import onnxruntime as ort
 
     stock = ort.InferenceSession(micro.SerializeToString(), _options(level, threads), providers=CPU)
     fused, report = _fuse_and_open(micro, [pattern_id], _options(level, threads, precision), precision=precision)
     if len(report.fused) != 1:
         return Decision(pattern_id, [], False, "auto: the match does not fuse on its own subgraph "
-                                               f"({report.reason}); left to ORT")
+                                               f"({report.reason}); left to ORT", kernel=kernel)
+    got_kernel = report.fused[0].kernel
+    if kernel and got_kernel != kernel:
+        return Decision(pattern_id, [], False, f"auto: on its own subgraph the match gets kernel '{got_kernel}', "
+                                               f"in the model '{kernel}'; not measured, left to ORT", kernel=kernel)
+    return dataclasses.replace(_verdict(stock, fused, micro_feeds, pattern_id, precision), kernel=got_kernel)
+
+
+def _verdict(stock, fused: Callable, micro_feeds: dict, pattern_id: str, precision: str) -> Decision:
+    """Outputs checked against ORT's, then the fused subgraph timed against ORT's: keep or not, why."""
     expected, got = stock.run(None, micro_feeds), fused(micro_feeds)
     for e, g in zip(expected, got):
         rtol, atol = CHECK_RTOL, CHECK_ATOL

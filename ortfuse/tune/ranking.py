@@ -21,11 +21,14 @@ import numpy as np
 import onnx
 
 from ortfuse.bench import protocol
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 from ortfuse.fusion.rewrite import fuse
 from ortfuse.fusion.rulekit.result import Match
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import ranking, registry
 from ortfuse.kernels.selection import choose_kernel
+from ortfuse.runtime.op_registration import with_custom_ops
 from ortfuse.runtime.session_options import measuring_options
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
@@ -83,12 +86,18 @@ def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> d
 
 
 def _session(model: onnx.ModelProto, threads: int):
+    """A stock ORT session on a fused model with ortfuse's native ops registered, as a fused session
+    runs it; a model that needs reference (Python-op) kernels is not ranked."""
     import onnxruntime as ort
 
-    import ortfuse
-
+    if reference_op_inputs(model) is not None:
+        raise RuntimeError("this kernel needs the reference (Python-op) path here")
     so = measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads, spinning=False)
-    return ortfuse.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    if any(n.domain == DOMAIN for n in model.graph.node):
+        so, why_not = with_custom_ops(so, frozenset(native_op_types(model)), python_ops=False)
+        if why_not:
+            raise RuntimeError(why_not)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _close(got, ref) -> bool:

@@ -5,35 +5,44 @@ Decisions are cached as JSON in ``<cache>/tuning/`` (``ortfuse.runtime.cache_pat
 graph digest, ISA, the ortfuse, onnxruntime and numba versions, the optimization level and thread
 count, the patterns and the input shapes measured. ``ortfuse tune MODEL`` fills the cache ahead of
 time. ``ORTFUSE_TUNE=off`` makes ``auto`` use cached decisions only (without one, it keeps no fusion).
+Besides the exact entry, each measured tuning is also filed under the key without its input shapes
+(``tune(any_shapes=True)``): the decisions a session measured on its live feeds are then found by the
+next session on the same model and machine, whatever shapes it would tune for.
+
+``tune`` never raises for a model ORT could run: inputs it cannot make, a subgraph that fails, any
+error while measuring come back as a ``Tuning`` with no decision and ``failure`` saying why. A tuning
+that is not final (``Tuning.cacheable``: a failure, a spent budget) is not cached: the next one tries
+again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
-from ortfuse.kernels import isa, registry
+from ortfuse.kernels import isa, ranking, registry
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.files import write_atomic
-from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
 
-ENV = "ORTFUSE_TUNE"
+ENV = TUNE_ENV
 
 
 def tuning_enabled() -> bool:
-    """False when ``ORTFUSE_TUNE`` is off/0/false: ``auto`` then only uses cached decisions."""
-    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+    """False when ``ORTFUSE_TUNE`` is off (off/0/false/no): ``auto`` then only uses cached decisions."""
+    return tune_mode(None) != "off"
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -41,37 +50,78 @@ def tuning_enabled() -> bool:
 
 def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_options=None, *,
          batch: int = 1, dims: dict[str, int] | None = None, force: bool = False, measure: bool | None = None,
-         progress: bool = False) -> Tuning:
+         progress: bool = False, sample: Mapping[str, np.ndarray] | None = None,
+         any_shapes: bool = False, budget_s: float | None = None) -> Tuning:
     """Decisions for ``model`` (external data loaded): from the cache, else measured now and cached.
 
     ``measure=False`` (default: ``tuning_enabled()``) never measures: without a cached entry the
-    result holds no decision, so ``auto`` keeps nothing. ``force`` measures even when cached."""
+    result holds no decision (``measured`` False), so ``auto`` keeps nothing. ``force`` measures even
+    when cached. ``sample``: representative feeds, measured on instead of random ones; the cache key
+    then holds their shapes (``batch`` and ``dims`` are not used). ``any_shapes``: when the entry for
+    these shapes is missing, the decisions last measured on this model with the same key but other
+    input shapes (live tuning on real feeds files them so). ``budget_s``: measuring's time budget
+    (default ``measure.BUDGET_S``). Never raises for a model ORT could run (see the module
+    docstring); bad pattern ids are the caller's to fix."""
     ids = validate_patterns(patterns)
     level, threads = _level_and_threads(sess_options)
-    asked = dims_from_options(sess_options)
-    dims = {**asked, **(dims or {})}
-    batch = int(dims.get("batch", batch))
-    declared = feeds.declared_inputs(model)
-    shapes = {name: feeds.concrete_shape(decl, batch, dims) for name, _, decl in declared}
     precision = registry.resolve_precision(config_entry(sess_options, PRECISION_OPTION) or None)
+    declared: list = []
+    why_not = ""
+    named = {**dims_from_options(sess_options), **(dims or {})}
+    batch = int(named.get("batch", batch))
+    if sample is not None:
+        shapes = {name: [int(d) for d in np.shape(value)] for name, value in sample.items()}
+    else:
+        try:
+            declared = feeds.declared_inputs(model)
+        except feeds.FeedError as exc:
+            why_not = str(exc)
+        shapes = {name: feeds.concrete_shape(decl, batch, named) for name, _, decl in declared}
     key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
-    if not force:
+    if not force and not why_not:
         embedded = _from_metadata(model, key)
         if embedded is not None:
             return embedded
         cached = _read(path)
         if cached is not None:
             return cached
+    if not force and any_shapes:
+        cached = _read(_any_shapes_path(key))
+        if cached is not None:
+            return cached
     if not (tuning_enabled() if measure is None else measure):
         return Tuning(key, measured=False)
+    if why_not:
+        return _failed(Tuning(key), why_not)
     start = time.perf_counter()
-    sample = feeds.random_feeds(declared, batch=batch, dims=dims, seed=0)  # only now: the key needs shapes only
-    tuning = measuring.measure(model, ids, level, threads, sample, key, progress, precision)
+    extra = {} if budget_s is None else {"budget_s": budget_s}
+    try:  # the feeds only now: the key needs shapes only
+        feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
+                                                                          model=model)
+        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, **extra)
+    except Exception as exc:  # the model runs as stock ORT, and the report says why
+        return _failed(Tuning(key), one_sentence(exc))
     tuning.seconds = round(time.perf_counter() - start, 2)
+    if not tuning.cacheable:  # a failure may pass with other feeds, an unmeasured match may win: not final
+        return tuning
     tuning.path = str(path)
     _write(path, tuning)
+    if tuning.path:
+        _write_any_shapes(key, tuning)
     return tuning
+
+
+def _failed(tuning: Tuning, reason: str) -> Tuning:
+    tuning.failure = reason
+    return tuning
+
+
+def one_sentence(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message, at most 300 characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def embed(model: onnx.ModelProto, tuning: Tuning) -> None:
@@ -129,24 +179,12 @@ def _level_and_threads(sess_options):
     return sess_options.graph_optimization_level, int(sess_options.intra_op_num_threads or 0)
 
 
-def _versions() -> dict:
-    from importlib import metadata as im
-
-    out = {}
-    for dist in ("ortfuse", "onnxruntime", "numba", "onnxruntime-extensions"):
-        try:
-            out[dist] = im.version(dist)
-        except im.PackageNotFoundError:
-            out[dist] = ""
-    return out
-
-
 def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precision: str = registry.FP32) -> dict:
     return {
         "graph_digest": metadata.graph_digest(model),
         "isa": registry.native_isa(),
         "cpu_features": sorted(isa.cpu_features()),
-        "versions": _versions(),
+        "versions": ranking.versions(),
         "level": str(level),
         "threads": threads,
         "patterns": list(ids),
@@ -164,6 +202,18 @@ def cache_root() -> Path:
 def _cache_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / f"{key['graph_digest'][:16]}-{digest}.json"
+
+
+def _any_shapes_path(key: dict) -> Path:
+    rest = {k: v for k, v in key.items() if k != "inputs"}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / f"{key['graph_digest'][:16]}-any-{digest}.json"
+
+
+def _write_any_shapes(key: dict, tuning: Tuning) -> None:
+    """File the decisions also under the key without input shapes."""
+    with contextlib.suppress(OSError):  # the exact entry still serves sessions tuned for these shapes
+        write_atomic(_any_shapes_path(key), json.dumps(tuning.to_dict(), indent=1))
 
 
 def _read(path: Path) -> Tuning | None:

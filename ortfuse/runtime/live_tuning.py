@@ -1,0 +1,535 @@
+"""``fusion="auto"`` tuned on live traffic, then an atomic swap of the session's ORT C session
+(docs/ARCHITECTURE.md §7).
+
+Contract, in ``background`` mode (``session_options.tune_mode``) when nothing is known yet for the
+model on this machine (``planning.Prepared.pending``):
+- the session serves at once on stock ORT; the first ``SAMPLE_RUNS`` served feeds (``run``,
+  ``run_async``, ``run_with_ort_values``) are copied, at most ``SAMPLE_BYTES`` in all; then a daemon
+  thread tunes (``tuner.tune(sample=...)``) on the most common shape among them, builds the fused
+  plan (``planning.prepare`` with those decisions: the plan cache and the tuning cache are filled, so
+  the next session on this machine starts fused), opens a new ORT C session on it, checks its outputs
+  against the serving session's on every recorded feed, and swaps it in;
+- the swap replaces the session's C session under the lock that counts runs in flight: a run holds
+  the C session it started on until it returns (a replaced one is released when no run is in flight,
+  never on an ORT thread), later runs use the new one; no run fails or mixes plans;
+- an ``IOBinding`` made before the swap stays bound to the C session it was made on and keeps
+  running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
+  made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
+- tuning yields to serving: it measures in a thread at the lowest CPU priority (``LOW_PRIORITY``;
+  the ORT threads of the sessions it opens inherit it; the swapped-in session is made in a thread
+  at the caller's priority), which pauses at its next Python call whenever a run is in flight,
+  and while it runs, the interpreter's GIL switch interval is ``SWITCH_INTERVAL_S`` (a served
+  run waiting for the GIL gets it sooner; restored when the last tuning ends). The native kernels
+  the plan needs are compiled first, outside the pause points (numba's compiler makes millions of
+  calls; once per machine, its cache on disk serves later processes). Measuring has a budget
+  (config entry ``ortfuse.tune_budget_s``, default ``DEFAULT_BUDGET_S``: matches not reached stay
+  unfused) and the whole tuning stops after ``HARD_STOP`` budgets of work (pauses do not count);
+- whatever fails (no sample, tuning, building, a differing or failing output) leaves the session on
+  stock ORT, and ``status`` and ``fusion_report`` say why; a plan with reference (Python-op) kernels
+  is not swapped in (the guarded runs those need are chosen per session, not per run).
+``wait(timeout)`` is True once tuning has ended (or there is nothing to tune). ``tune_with(feeds)``
+starts a tuning on given feeds, in any mode.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ortfuse.fusion.report import FusionReport
+from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
+
+SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
+SAMPLE_BYTES = 64 << 20  # all recorded feeds together
+DEFAULT_BUDGET_S = 30.0  # measuring's budget (tuner.tune(budget_s=)); matches not reached stay unfused
+HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stops after this many budgets of work
+SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while a tuning runs: a served run waits less for the GIL
+CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
+LOW_PRIORITY = 19  # the nice value of the thread that measures
+RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
+# the fused plan against the serving one on the recorded feeds, whole model: |diff| <= atol * max(1, max|ref|)
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
+BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-4, 2.0**-5
+
+_live: weakref.WeakSet = weakref.WeakSet()  # tunings with a thread, stopped at interpreter exit
+
+
+class _Stopped(BaseException):
+    """Raised in the tuning thread to stop it (budget spent, session closed, interpreter exiting);
+    a BaseException so that no ``except Exception`` on the way turns it into a result."""
+
+
+class _Unfit(Exception):
+    """The tuned plan cannot be swapped in; the message says why."""
+
+
+def status_of(report: FusionReport) -> str:
+    """The short status of a session without live tuning, from its report."""
+    if report.applied:
+        return f"fused: {len(report.fused)} of {len(report.matches)} matches kept"
+    return f"stock ORT: {report.reason}" if report.reason else "stock ORT"
+
+
+def budget_of(sess_options) -> float:
+    text = config_entry(sess_options, TUNE_BUDGET_KEY)
+    try:
+        return float(text) if text else DEFAULT_BUDGET_S
+    except ValueError:
+        return DEFAULT_BUDGET_S
+
+
+class LiveTuning:
+    """The live-tuning state of one ``fusion="auto"`` session (see the module docstring)."""
+
+    def __init__(self, session, prepared, source, sess_options, fusion, fusion_patterns, disabled_optimizers) -> None:
+        self._session = weakref.ref(session)
+        self._source, self._options = source, sess_options  # the caller's input and options
+        self._fusion, self._fusion_patterns = fusion, fusion_patterns
+        self._patterns = list(prepared.report.patterns)
+        self._disabled = set(disabled_optimizers or ())
+        self._budget = budget_of(sess_options)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight = 0
+        self._runs = 0
+        self._samples: list[dict] = []
+        self._sample_bytes = 0
+        self._recording = bool(prepared.pending)
+        self._retired: list = []  # replaced C sessions, released when no run is in flight
+        self._thread: threading.Thread | None = None
+        self._running = False  # a tuning was started and has not ended (set under the lock)
+        self._done = threading.Event()
+        self._stop = False
+        self._status = self._recording_status() if self._recording else status_of(prepared.report)
+        if self._recording:
+            prepared.report.notes.append(
+                f"auto: serving stock ORT; tuning in the background on the first {SAMPLE_RUNS} served feeds, then "
+                "swapping to the faster plan (session.wait_tuned() waits, session.fusion_status tells)")
+        else:
+            self._done.set()
+
+    # ------------------------------------------------------------------ served runs
+
+    def begin(self, feeds: Mapping | None = None) -> None:
+        """A run starts (``feeds``: its inputs, recorded while recording)."""
+        with self._lock:
+            self._inflight += 1
+            self._runs += 1
+            record = self._recording
+        if record and feeds is not None:
+            self._record(feeds)
+
+    def end(self, release: bool = True) -> None:
+        """A run ended; ``release``: this thread may release replaced C sessions (never an ORT thread)."""
+        retired: list = []
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+                if release and self._retired:
+                    retired, self._retired = self._retired, []
+        del retired  # the replaced C sessions go here, outside the lock
+
+    def counted(self, feeds: Mapping | None, call, *args):
+        """``call(*args)`` as a run in flight (``feeds`` recorded while recording)."""
+        self.begin(feeds)
+        try:
+            return call(*args)
+        finally:
+            self.end()
+
+    def counted_async(self, feeds: Mapping | None, callback, start):
+        """``start(finish)`` starts an async run whose completion calls ``finish``; the run is in
+        flight until ``callback`` (the caller's) has returned."""
+        self.begin(feeds)
+
+        def finish(outputs, data, err):
+            try:
+                callback(outputs, data, err)
+            finally:
+                self.end(release=False)  # an ORT thread: it must not release a C session
+
+        try:
+            return start(finish)
+        except BaseException:  # refused before it started: nothing in flight
+            self.end()
+            raise
+
+    def bound_elsewhere(self, session, iobinding):
+        """The C session an IOBinding made by ``session`` before a swap is bound to, else None."""
+        bound, current = getattr(iobinding, "_session", None), session._sess
+        if bound is not None and bound is not current and getattr(iobinding, "_ortfuse_owner", None) is session:
+            return bound
+        return None
+
+    def _record(self, feeds: Mapping) -> None:
+        copy = _copy_feeds(feeds)
+        if copy is None:
+            return
+        size = sum(a.nbytes for a in copy.values())
+        start = False
+        with self._lock:
+            if not self._recording:
+                return
+            if self._sample_bytes + size > SAMPLE_BYTES:  # the cap: tune on what fits, if anything does
+                self._recording = False
+                if self._samples:
+                    self._running = start = True
+                else:
+                    self._status = (f"stock ORT: the served feeds ({size >> 20} MiB) exceed the "
+                                    f"{SAMPLE_BYTES >> 20} MiB sample cap; hand smaller inputs to session.tune_with()")
+                    self._done.set()
+            else:
+                self._samples.append(copy)
+                self._sample_bytes += size
+                self._status = self._recording_status()
+                if len(self._samples) >= SAMPLE_RUNS:
+                    self._recording = False
+                    self._running = start = True
+        if start:
+            self._start()
+
+    def _recording_status(self) -> str:
+        return f"serving stock ORT, recording feeds ({len(self._samples)}/{SAMPLE_RUNS})"
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def status(self) -> str:
+        return self._status
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def tune_with(self, feeds_list: Iterable[Mapping]) -> None:
+        """Tune on ``feeds_list`` now, in the background; refused while a tuning runs."""
+        copies = [_copy_feeds(f) for f in feeds_list]
+        if not copies or any(c is None for c in copies):
+            raise ValueError("tune_with takes a non-empty list of feeds: dicts of input name to array")
+        with self._lock:
+            if self._running:
+                raise RuntimeError("a tuning is running on this session; call wait_tuned() first")
+            self._samples = [c for c in copies if c is not None][:SAMPLE_RUNS]
+            self._recording = False
+            self._running = True
+            self._done.clear()
+        self._start()
+
+    # ------------------------------------------------------------------ the tuning thread
+
+    def _start(self) -> None:
+        self._status = f"tuning on {len(self._samples)} recorded feeds (serving the current plan meanwhile)"
+        self._thread = threading.Thread(target=self._main, name="ortfuse-live-tuning", daemon=True)
+        _live.add(self)
+        self._thread.start()
+
+    def _main(self) -> None:
+        self._t0 = time.perf_counter()
+        self._paused = 0.0
+        status = ""
+        _fast_switching(True)
+        try:
+            gate = self._gate()
+            sys.setprofile(gate)
+            try:
+                prepared = self._at_low_priority(gate)
+                new = self._build_and_check(prepared)  # here: the new session's ORT threads serve
+            finally:
+                sys.setprofile(None)
+            status = self._swap(prepared, new)
+        except _Stopped as exc:
+            status = f"stock ORT: tuning stopped: {exc}"
+        except _Unfit as exc:
+            status = f"stock ORT: {exc}"
+        except Exception as exc:  # the session keeps serving the plan it has
+            from ortfuse.tune.tuner import one_sentence
+
+            status = f"stock ORT: tuning failed: {one_sentence(exc)}"
+        finally:
+            sys.setprofile(None)
+            _fast_switching(False)
+            self._samples, self._sample_bytes = [], 0
+            session = self._session()
+            if session is not None and status.startswith("stock ORT: ") and not self._swapped_once():
+                why = status[len("stock ORT: "):]
+                session.fusion_report.notes.append(f"auto: live tuning: {why}")
+                if not session.fusion_report.applied:
+                    session.fusion_report.reason = f"fusion='auto': live tuning: {why}; stock ORT"
+            del session
+            self._status = status or self._status
+            with self._lock:
+                self._running = False
+            self._done.set()
+        self._release_when_idle()
+
+    def _swapped_once(self) -> bool:
+        return getattr(self, "_swapped_at", None) is not None
+
+    def _gate(self):
+        """The tuning thread's profile hook: pause while a run is in flight; every ``CHECK_EVERY``
+        calls, stop when the session is gone or the work exceeds ``HARD_STOP`` budgets. Kept to a
+        few operations per call: it runs on every Python and C call of the thread."""
+        clock, tick = time.perf_counter, [CHECK_EVERY]
+        limit = HARD_STOP * self._budget
+
+        def gate(frame, event, arg) -> None:
+            if self._inflight:
+                now = clock()
+                with self._lock:
+                    while self._inflight and not self._stop:
+                        self._idle.wait(0.05)
+                self._paused += clock() - now
+            tick[0] -= 1
+            if tick[0] > 0:
+                return
+            tick[0] = CHECK_EVERY
+            if self._stop or self._session() is None:
+                raise _Stopped("the session was closed")
+            if clock() - self._t0 - self._paused > limit:
+                raise _Stopped(f"it worked {limit:g} s ({HARD_STOP:g} times ortfuse.tune_budget_s)")
+
+        return gate
+
+    def _at_low_priority(self, gate):
+        """``_tune`` in a thread at the lowest CPU priority (nice 19 where the OS has per-thread nice
+        values): it and the ORT threads of the sessions it opens to measure give way to served runs."""
+        outcome: list = []
+
+        def work() -> None:
+            with contextlib.suppress(AttributeError, OSError):  # no per-thread nice here: normal priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
+            sys.setprofile(gate)
+            try:
+                outcome.append(self._tune(gate))
+            except BaseException as exc:  # handed to the tuning thread, which says what happened
+                outcome.append(exc)
+            finally:
+                sys.setprofile(None)
+
+        worker = threading.Thread(target=work, name="ortfuse-live-tuning-work", daemon=True)
+        worker.start()
+        worker.join()
+        if not outcome:
+            raise _Stopped("the tuning thread ended without a result")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _tune(self, gate):
+        """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT)."""
+        from ortfuse.runtime import planning
+        from ortfuse.tune import tuner
+
+        sample = _representative(self._samples)
+        model, why_not = planning.load_model(self._source, self._options)
+        if model is None:
+            raise _Unfit(f"tuning failed: {why_not}")
+        fused = self._fuse_all(model)
+        sys.setprofile(None)
+        try:
+            _compile_kernels(fused)
+        finally:
+            sys.setprofile(gate)
+        del fused
+        tuning = tuner.tune(model, self._patterns, self._options, sample=sample, measure=True, budget_s=self._budget)
+        if tuning.failure:
+            raise _Unfit(f"tuning failed: {tuning.failure}")
+        del model
+        prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns, mode="off",
+                                    tuning=tuning)
+        prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds "
+                                     f"(shapes {_shapes(sample)})")
+        return prepared
+
+    def _build_and_check(self, prepared):
+        """A C session on the tuned plan, checked on the recorded feeds; None when the plan is stock."""
+        if prepared.plan is None:
+            return None
+        session = self._session()
+        if session is None:
+            raise _Stopped("the session was closed")
+        if prepared.reference_inputs is not None or session._ortfuse_reference_inputs is not None:
+            raise _Unfit("the faster plan needs reference (Python-op) kernels, which a live swap does not take; "
+                         "a new session uses it")
+        new = self._build(session, prepared)
+        self._check(session._sess, new, [o.name for o in session._outputs_meta])
+        return new
+
+    def _fuse_all(self, model):
+        """The model with every candidate fused (the kernels measuring may need)."""
+        from ortfuse.fusion.rewrite import fuse
+
+        return fuse(model, self._patterns, precision=config_entry(self._options, PRECISION_OPTION) or None)[0]
+
+    def _build(self, session, prepared):
+        """A new ORT C session on the fused plan, made as ORT's ``_create_inference_session`` makes one."""
+        from onnxruntime.capi import _pybind_state as C
+        from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args
+
+        names = list(session._sess.get_providers())
+        given = session._sess.get_provider_options()
+        providers, provider_options = check_and_normalize_provider_args(
+            names, [dict(given.get(n, {})) for n in names], C.get_available_providers())
+        options = prepared.sess_options if prepared.sess_options is not None else C.get_default_session_options()
+        source = prepared.source
+        sess = C.InferenceSession(options, source, isinstance(source, str), session._read_config_from_model)
+        sess.initialize_session(providers, provider_options, self._disabled | prepared.disabled_optimizers)
+        return sess
+
+    def _check(self, serving, fused, names: list[str]) -> None:
+        """The fused C session computes what the serving one does on every recorded feed."""
+        bf16 = config_entry(self._options, PRECISION_OPTION).lower() == "bf16"
+        rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if bf16 else (CHECK_RTOL, CHECK_ATOL)
+        for i, feed in enumerate(self._samples):
+            want = serving.run(names, feed, None)
+            try:
+                got = fused.run(names, feed, None)
+            except Exception as exc:
+                from ortfuse.tune.tuner import one_sentence
+
+                raise _Unfit(f"the fused plan failed on served feed {i + 1} ({one_sentence(exc)}); kept "
+                             "stock ORT") from exc
+            for name, w, g in zip(names, want, got):
+                if not isinstance(w, np.ndarray):
+                    continue
+                scale = float(np.abs(w).max()) if w.size and w.dtype.kind in "fc" else 1.0
+                if w.shape != np.shape(g) or not np.allclose(g, w, rtol=rtol, atol=atol * max(1.0, scale),
+                                                             equal_nan=True):
+                    raise _Unfit(f"the fused plan's output {name!r} differs from stock ORT's on served feed {i + 1} "
+                                 f"beyond rtol {rtol:g}; kept stock ORT (run `ortfuse verify`)")
+
+    def _swap(self, prepared, new) -> str:
+        """Swap the checked C session ``new`` in (None: stay on stock ORT); the status to show."""
+        session = self._session()
+        if session is None:
+            raise _Stopped("the session was closed")
+        if new is None:
+            session.fusion_report = prepared.report
+            return "stock ORT: no fusion measured faster"
+        source = prepared.source
+        with self._lock:
+            old = session._sess
+            session._model_path, session._model_bytes = (source, None) if isinstance(source, str) else (None, source)
+            session._sess_options_initial = prepared.sess_options
+            session._ortfuse_disabled_optimizers = prepared.disabled_optimizers
+            session._bind_session(new)
+            self._retired.append(old)
+            self._swapped_at = self._runs + 1
+            prepared.report.notes.append(f"auto: swapped in from served run {self._swapped_at}")
+            session.fusion_report = prepared.report
+        report = session.fusion_report
+        return f"fused since run {self._swapped_at}: {len(report.fused)} of {len(report.matches)} matches kept"
+
+    def _release_when_idle(self) -> None:
+        """Release replaced C sessions from this thread once no run is in flight (served runs' own
+        ends release them too)."""
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        retired: list = []
+        with self._lock:
+            while self._retired and self._inflight and not self._stop and time.monotonic() < deadline:
+                self._idle.wait(0.05)
+            if not self._inflight:
+                retired, self._retired = self._retired, []
+        del retired
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the tuning thread at its next Python call and wait for it up to ``timeout`` seconds."""
+        self._stop = True
+        with self._lock:
+            self._idle.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+
+def _compile_kernels(fused) -> None:
+    """Open an ORT session on ``fused`` (a model ``fuse`` rewrote) with ortfuse's ops registered: the
+    kernels it runs are compiled now (or loaded from numba's cache), outside the pause points. A
+    failure is left for measuring to report."""
+    import onnxruntime as ort
+
+    from ortfuse.custom_ops.specs import DOMAIN
+    from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
+    from ortfuse.runtime.op_registration import with_custom_ops
+
+    if not any(n.domain == DOMAIN for n in fused.graph.node):
+        return
+    options, why_not = with_custom_ops(None, frozenset(native_op_types(fused)),
+                                       python_ops=reference_op_inputs(fused) is not None)
+    if not why_not:
+        with contextlib.suppress(Exception):
+            ort.InferenceSession(fused.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+_switching = {"users": 0, "saved": 0.005}
+_switching_lock = threading.Lock()
+
+
+def _fast_switching(on: bool) -> None:
+    """Lower the GIL switch interval while at least one tuning runs; restore it after the last."""
+    with _switching_lock:
+        if on:
+            if _switching["users"] == 0:
+                _switching["saved"] = sys.getswitchinterval()
+                sys.setswitchinterval(min(SWITCH_INTERVAL_S, _switching["saved"]))
+            _switching["users"] += 1
+        else:
+            _switching["users"] -= 1
+            if _switching["users"] == 0:
+                sys.setswitchinterval(_switching["saved"])
+
+
+def accept_ortvalues(session, values: Iterable[Any]) -> list:
+    """The values ORT's ownership check should see: OrtValues made by ``session`` before a swap
+    (tagged by ``create_ortvalue_from_shape_and_type``) are CPU memory any of its C sessions can read."""
+    return [v for v in values if getattr(v, "_ortfuse_owner", None) is not session]
+
+
+def _copy_feeds(feeds: Mapping) -> dict | None:
+    """Own copies of a feed dict's arrays (OrtValues read back to numpy), or None when a value is
+    not a plain array."""
+    if not isinstance(feeds, Mapping):
+        return None
+    out = {}
+    for name, value in feeds.items():
+        if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
+            try:
+                value = value.numpy()
+            except Exception:
+                return None
+        array = np.array(value, copy=True)
+        if array.dtype == object:
+            return None
+        out[name] = array
+    return out
+
+
+def _signature(feed: dict) -> tuple:
+    return tuple(sorted((k, v.shape, v.dtype.str) for k, v in feed.items()))
+
+
+def _representative(samples: list[dict]) -> dict:
+    """The first feed of the most common shape among ``samples``."""
+    counts = Counter(_signature(s) for s in samples)
+    best = max(counts.values())
+    return next(s for s in samples if counts[_signature(s)] == best)
+
+
+def _shapes(feed: dict) -> str:
+    return ", ".join(f"{k}={list(v.shape)}" for k, v in feed.items())
+
+
+@atexit.register
+def _stop_all() -> None:
+    for tuning in list(_live):
+        tuning.stop()
