@@ -22,8 +22,8 @@ import ortfuse
 from ortfuse import models
 
 NCHWC = "com.microsoft.nchwc"
-CNNS = [name for name in ("mobilenetv3_block", "mobilenetv3_block_const", "pplcnet_classifier")
-        if name in models.NAMES]
+CNNS = ["mobilenetv3_block", "mobilenetv3_block_const", "pplcnet_classifier", "crnn_recognizer",
+        "db_text_detector", "picodet_layout", "yolov8n"]
 
 
 def _optimized_ops(tmp_path, label: str, make_session) -> collections.Counter:

@@ -293,8 +293,15 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
                                 notes=report.notes)
         return None, report, None, used
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
-    plan = Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops,
-                 frozenset(native_op_types(fused)), reference_op_inputs(fused))
+    native, reference = frozenset(native_op_types(fused)), reference_op_inputs(fused)
+    if reference is None and kernels is None:  # the layout step needs the native ops (docs/ARCHITECTURE.md §9)
+        from ortfuse.layout.planner import plan_layout
+
+        layout, why_not = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers, data)
+        if layout is not None:
+            data, native, needs_custom_ops = layout.model.SerializeToString(), native | layout.native_ops, True
+        report.notes.append(layout.note if layout is not None else why_not)
+    plan = Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops, native, reference)
     return plan, report, depends, used
 
 

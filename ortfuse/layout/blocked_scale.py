@@ -1,0 +1,123 @@
+"""Squeeze-and-excitation scales on blocked tensors, rewritten in the graph ORT optimized.
+
+ORT's NCHWc transformer blocks a Mul only when both inputs have the same shape, so the SE scale
+``x * s`` (x [N, C, H, W], s [N, C, 1, 1], both from blocked ops) is left plain: ORT reorders both
+inputs back to NCHW and the product forward to NCHWc again. Rewrite:
+
+    # ReorderOutput(Xb) -> x, ReorderOutput(Sb) -> s, Mul(x, s) -> y, ReorderInput(y) -> Yb
+    #   ->   FusedChannelScaleBlocked(Xb, Sb; block) -> Yb
+
+Consumers of ``y`` other than ReorderInput keep it through one ReorderOutput of the new product;
+a ReorderOutput left without consumers is removed. Shapes come from the graph before ORT optimized
+it (the tensors around a reorder keep their original names).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+from onnx import helper
+
+from ortfuse.custom_ops.specs import DOMAIN
+
+NCHWC = "com.microsoft.nchwc"
+OP = "FusedChannelScaleBlocked"
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain == domain
+
+
+def _plain_reorder(node: onnx.NodeProto | None, op_type: str) -> bool:
+    return _is(node, op_type, NCHWC) and not _attr(node, "channels_last", 0)
+
+
+def reorder_count(graph: onnx.GraphProto) -> int:
+    return sum(1 for n in graph.node if n.domain == NCHWC and n.op_type in ("ReorderInput", "ReorderOutput"))
+
+
+def block_channel_scales(graph: onnx.GraphProto, shapes: dict[str, list], block: int) -> int:
+    """Rewrite every SE scale Mul between blocked tensors in ``graph`` (in place); returns how many."""
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            consumers[t].append(n)
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[int] = set()
+    for node in graph.node:
+        if not (node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.input) == 2):
+            continue
+        pair = _scale_pair(node, producer, shapes)
+        if pair is None:
+            continue
+        x, s, channels = pair
+        out = node.output[0]
+        blocked = f"{out}/blocked_scale"
+        new = [helper.make_node(OP, [x.input[0], s.input[0]], [blocked], name=node.name or out,  # the Mul's place
+                                domain=DOMAIN, block=block,
+                                doc_string=f"ortfuse layout: {node.name or out} (x * s) on NCHWc blocks of {block}")]
+        keep_plain = False
+        for c in consumers[out]:
+            if _plain_reorder(c, "ReorderInput"):
+                for user in consumers[c.output[0]]:
+                    user.input[:] = [blocked if t == c.output[0] else t for t in user.input]
+                graph_outputs = [o for o in graph.output if o.name == c.output[0]]
+                keep_plain |= bool(graph_outputs)
+                if not graph_outputs:
+                    dropped.add(id(c))
+            else:
+                keep_plain = True
+        if keep_plain or out in {o.name for o in graph.output}:
+            new.append(helper.make_node("ReorderOutput", [blocked], [out], domain=NCHWC, channels=channels,
+                                        channels_last=0))
+        replaced[id(node)] = new
+    if not replaced:
+        return 0
+    nodes = []
+    for n in graph.node:
+        if id(n) in replaced:
+            nodes.extend(replaced[id(n)])
+        elif id(n) not in dropped:
+            nodes.append(n)
+    used = {t for n in nodes for t in n.input} | {o.name for o in graph.output}
+    nodes = [n for n in nodes if not (_plain_reorder(n, "ReorderOutput") and n.output[0] not in used)]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)
+
+
+def scale_shapes(node: onnx.NodeProto, shapes: dict[str, list]) -> int:
+    """1 when a two-input ``node`` multiplies x [N, C, H, W] (input 0) by s [N, C, 1, 1], 2 when the
+    other way round, else 0."""
+    if len(node.input) != 2:
+        return 0
+    sa, sb = (shapes.get(t) for t in node.input)
+    if not sa or not sb or len(sa) != 4 or len(sb) != 4:
+        return 0
+    if sb[2:] == [1, 1] and sa[2:] != [1, 1]:
+        return 1
+    if sa[2:] == [1, 1] and sb[2:] != [1, 1]:
+        return 2
+    return 0
+
+
+def _scale_pair(node, producer, shapes) -> tuple[onnx.NodeProto, onnx.NodeProto, int] | None:
+    """(reorder of x, reorder of s, channels) when ``node`` multiplies a blocked [N, C, H, W] tensor
+    by a blocked [N, C, 1, 1] one, else None."""
+    a, b = (producer.get(t) for t in node.input)
+    if not (_plain_reorder(a, "ReorderOutput") and _plain_reorder(b, "ReorderOutput")):
+        return None
+    which = scale_shapes(node, shapes)
+    if not which:
+        return None
+    x, s = (a, b) if which == 1 else (b, a)
+    channels = _attr(x, "channels")
+    if channels is None or channels != _attr(s, "channels"):
+        return None
+    return x, s, int(channels)

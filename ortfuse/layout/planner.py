@@ -1,0 +1,98 @@
+"""The layout step of a plan: the fused model optimized by ORT itself (ORT_ENABLE_ALL, its NCHWc
+transformer blocking the convolutional regions), then the ops ORT left between reorder pairs run
+blocked by ortfuse (``blocked_scale``). The graph ORT writes is what the session loads; reloading it
+at any optimization level gives the same graph, and it holds for this machine only (the block size
+is this CPU's), as every plan does (the plan cache is keyed by the CPU).
+
+``plan_layout`` returns None with the reason whenever the step does not apply or does not help: ORT
+blocks nothing here, the session does not optimize at ORT_ENABLE_ALL, the fused model holds
+reference (Python-op) kernels or is too large to round-trip, or no op was moved onto blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+
+from ortfuse.layout import blocked_scale
+from ortfuse.layout.probe import block_size
+
+MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
+ENV = "ORTFUSE_LAYOUT"  # off/0/false/no: plans keep the fused model as ORT optimizes it
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+@dataclass
+class Layout:
+    model: onnx.ModelProto  # the graph ORT optimized, with ortfuse's blocked ops
+    native_ops: frozenset  # the native op types the layout added
+    note: str  # for the report: block size, ops moved onto blocks, reorders before and after
+
+
+def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options, native_ops: frozenset,
+                disabled_optimizers=(), data: bytes | None = None) -> tuple[Layout | None, str]:
+    """(layout, "") or (None, why the layout step leaves the fused model as it is). ``original``: the
+    model before fusion, whose shapes name the tensors around the reorders (fused ops have none)."""
+    import onnxruntime as ort
+
+    from ortfuse.runtime.op_registration import with_custom_ops
+    from ortfuse.runtime.session_options import make_options
+
+    if not enabled():
+        return None, f"layout: {ENV}=off"
+    every = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if (sess_options.graph_optimization_level if sess_options is not None else every) != every:
+        return None, "layout: the session does not run ORT's layout optimizations (ORT_ENABLE_ALL)"
+    ops = {n.op_type for n in fused.graph.node}
+    if not ({"Conv", "FusedConv"} & ops and "Mul" in ops):  # no conv region with a scale: nothing to plan
+        return None, "layout: no convolution with a channel scale to run blocked"
+    block = block_size()
+    if not block:
+        return None, "layout: ORT has no NCHWc blocked kernels on this CPU"
+    data = data if data is not None else fused.SerializeToString()
+    if len(data) > MAX_BYTES:
+        return None, "layout: the model is too large to optimize twice"
+    shapes = _shapes(original)
+    if not any(blocked_scale.scale_shapes(n, shapes) for n in fused.graph.node if n.op_type == "Mul"):
+        return None, "layout: no channel scale (x [N, C, H, W] * s [N, C, 1, 1]) to run blocked"
+    with tempfile.TemporaryDirectory() as tmp:
+        so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        so.log_severity_level = 3
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so, why_not = with_custom_ops(so, native_ops | {blocked_scale.OP}, python_ops=False)
+        if why_not:
+            return None, f"layout: {why_not}"
+        extra = {"disabled_optimizers": set(disabled_optimizers)} if disabled_optimizers else {}
+        try:
+            ort.InferenceSession(data, so, providers=["CPUExecutionProvider"], **extra)
+            optimized = onnx.load(so.optimized_model_filepath)
+        except Exception as exc:  # never worse than the fused plan: keep it
+            return None, f"layout: ORT could not optimize the fused model ({type(exc).__name__})"
+    before = blocked_scale.reorder_count(optimized.graph)
+    moved = blocked_scale.block_channel_scales(optimized.graph, shapes, block)
+    if not moved:
+        return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT)"
+    after = blocked_scale.reorder_count(optimized.graph)
+    note = (f"layout: NCHWc blocks of {block}; {moved} squeeze-excite scale(s) run blocked "
+            f"({blocked_scale.OP}); reorders {before} -> {after}")
+    return Layout(optimized, frozenset({blocked_scale.OP}), note), ""
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Static dims (None where symbolic) of every tensor shape inference reaches."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}
+    out = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    return out
