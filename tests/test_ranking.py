@@ -137,7 +137,7 @@ def test_candidates_list_every_form_that_serves_a_class(machine):
 
 
 def test_rank_times_every_candidate_in_the_whole_model_and_stores_the_order(machine):
-    results = measuring.rank(conv_hardswish_model(), None, feeds(), threads=1, budget_s=1.0)
+    results = measuring.rank(conv_hardswish_model(), None, feeds(), threads=1, budget_s=20.0)
     by_key = {r.key: r for r in results}
     hs = by_key[HARDSWISH]
     timed = set(hs.p50_ms) - {measuring.STOCK}
@@ -182,3 +182,24 @@ def test_cli_rank_says_in_one_sentence_when_the_model_rejects_the_inputs(machine
     assert err.startswith("ortfuse rank: ") and "--dim" in err and "Traceback" not in err
     assert cli_main(["rank", str(path), "--budget", "1", "--dim", "w=10", "--dry-run"]) == 0
     assert "nothing to rank" in capsys.readouterr().out
+
+
+def test_auto_tuning_ranks_the_alternatives_first_and_its_decisions_follow(machine):
+    """fusion="auto" compares every candidate, not only the top-ranked one: tuning measures the
+    ranking of the model's classes in the whole model first, stores it, and the decisions it then
+    measures name the kernel that ranking puts first; the cache key holds the ranking."""
+    from ortfuse.tune import tuner
+
+    model = conv_hardswish_model()
+    tuning = tuner.tune(model, None, None, measure=True, sample=feeds(), budget_s=3.0)
+    assert tuning.ranked and "class(es) timed" in tuning.ranked, tuning.ranked
+    stored = ranking.order("FusedConvAct", "hardswish", "float32")
+    assert stored and ranking.ORT in stored
+    assert tuning.key["ranking"] == ranking.digest() != ""
+    first = stored[0]
+    measured = [d for d in tuning.decisions if "conv1" in d.nodes]
+    if first == ranking.ORT:  # left to ORT by the ranking: not a fusion candidate to measure
+        assert not measured
+        assert kernel_of(fuse(model)[1]).reason == LEFT_TO_ORT
+    else:
+        assert [d.kernel for d in measured] == [kernel_of(fuse(model, kernels=first)[1]).kernel], (measured, stored)

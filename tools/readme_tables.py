@@ -27,6 +27,8 @@ import re
 import sys
 from pathlib import Path
 
+from ortfuse.bench.peers import PEERS
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -93,7 +95,11 @@ def _command(doc: dict) -> str:
         parts += ["--warmup", str(prot["warmup_passes_per_repeat"])]
     configs = prot.get("configs") or []
     default = ["ort_disable_all", "ort_enable_all", "ortfuse_auto", "ortfuse_numba", "ort_enable_all_b"]
-    if configs and configs != default:
+    peers = {config: peer for peer, config in PEERS.items()}
+    if configs[len(default):] and configs[:len(default)] == default and all(c in peers for c in configs[len(default):]):
+        for config in configs[len(default):]:
+            parts += ["--peer", peers[config]]
+    elif configs and configs != default:
         parts += ["--configs", ",".join(configs)]
     if prot.get("spinning"):
         parts += ["--spinning", "on"]

@@ -19,12 +19,15 @@ Phases, single requests with ``--gap-ms`` idle between them (a served model is n
    ``--max-seconds``); each latency labelled by its state when the request started: ``recording``,
    ``tuning`` (a request interleaved with another session here would hide the tuning's stalls from
    this one: the tuning pauses only for its own session's runs);
-3. rounds of one stock and one auto request, in alternating order (A B B A), ``--after-runs`` rounds:
-   ``stock_after_swap``, ``auto_fused`` (or ``auto_stock`` when nothing was kept);
+3. the protocol of docs/ARCHITECTURE.md §8 (``ortfuse.bench.protocol``: single runs interleaved in
+   Williams rounds, 3 repeats, ``--after-runs`` passes each) over stock, a second stock session (the
+   A/A control), the tuned auto session and a ``fusion=True`` session: ``stock_after_swap``,
+   ``stock_aa``, ``auto_fused`` (or ``auto_stock`` when nothing was kept), ``fusion_true``;
 4. ``stock_after``: the stock session alone again (the baseline's drift over the run).
 
 Prints p50/p99 per label and the ratios the issue's target names: auto's p99 while tuning over the
-stock baselines' p99 (before, after), and auto's p50 after the swap over stock's in the same rounds;
+stock baselines' p99 (before, after), and the p50 ratios of phase 3 to stock (median over repeats,
+with each repeat's): auto after the swap, ``fusion=True``, and the A/A control;
 time from the first served request to ``wait_tuned``; creation times.
 The JSON result (``--json``: a folder takes ``tune_p99_bench-<model>-<date>.json``) holds the raw
 latencies, the settings, the status lines and the environment.
@@ -85,16 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ORTFUSE_CACHE_DIR"] = workdir
     os.environ.pop("ORTFUSE_TUNE", None)
 
+    import onnx
     import onnxruntime as ort
 
     import ortfuse
+    from ortfuse.bench import protocol
     from ortfuse.bench.environment import environment
     from ortfuse.ir import feeds as feeding
     from ortfuse.runtime.session_options import measuring_options
 
     env_before = environment()
     declared = feeding.declared_inputs(model_path)
-    feeds = [feeding.random_feeds(declared, seed=i) for i in range(16)]
+    graph = onnx.load(model_path, load_external_data=False)
+    feeds = [feeding.random_feeds(declared, seed=i, model=graph) for i in range(16)]
     providers = ["CPUExecutionProvider"]
 
     t0 = time.perf_counter()
@@ -139,13 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         tuned_after_s = time.perf_counter() - started
     statuses.append(auto.fusion_status)
     after = "fused" if auto.fusion_status.startswith("fused") else "stock"
-    for r in range(args.after_runs if tuned_after_s is not None else 0):
-        feed = feeds[r % len(feeds)]
-        order = ((stock, "stock_after_swap"), (auto, f"auto_{after}")) if r % 2 == 0 else \
-            ((auto, f"auto_{after}"), (stock, "stock_after_swap"))
-        for session, name in order:
-            lat.setdefault(name, []).append(timed(session, feed))
-            time.sleep(gap)
+    phase3: dict[str, list[float]] = {}
+    if tuned_after_s is not None:
+        options = measuring_options("ORT_ENABLE_ALL", threads=args.threads)
+        sessions = {"stock_after_swap": stock, f"auto_{after}": auto,
+                    "stock_aa": ort.InferenceSession(model_path, options, providers=providers),
+                    "fusion_true": ortfuse.InferenceSession(model_path, measuring_options("ORT_ENABLE_ALL",
+                                                            threads=args.threads), providers=providers, fusion=True)}
+        raw = protocol.measure({k: (lambda s=s: s.run(None, feeds[0])) for k, s in sessions.items()},
+                               runs=max(1, args.after_runs // 3), repeats=3, warmup=1, gap_s=gap)
+        for name, per_repeat in raw.items():
+            lat[name] = [x for rep in per_repeat for x in rep]
+            if name != "stock_after_swap":
+                phase3[name] = protocol.ratio_per_repeat(per_repeat, raw["stock_after_swap"])
     alone("stock_after")
 
     summary = {k: _summary(v) for k, v in lat.items()}
@@ -155,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         "auto_tuning_p99_over_stock_after_p99": _ratio(during, summary["stock_after"]["p99_ms"]),
         "auto_recording_p99_over_stock_before_p99": _ratio(summary.get("auto_recording", {}).get("p99_ms"),
                                                            summary["stock_before"]["p99_ms"]),
-        f"auto_{after}_p50_over_stock_after_swap_p50": _ratio(summary.get(f"auto_{after}", {}).get("p50_ms"),
-                                                              summary.get("stock_after_swap", {}).get("p50_ms")),
     }
+    for name, per_repeat in phase3.items():  # interleaved with stock: median over repeats, and each repeat
+        ratios[f"{name}_p50_over_stock"] = round(statistics.median(per_repeat), 4)
+        ratios[f"{name}_p50_over_stock_per_repeat"] = [round(x, 4) for x in per_repeat]
     result = {
         "tool": "tune_p99_bench", "model": args.model, "settings": vars(args),
         "creation_s": {"stock": round(stock_create_s, 3), "auto": round(auto_create_s, 3)},

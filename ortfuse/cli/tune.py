@@ -27,6 +27,9 @@ def add_arguments(p) -> None:
                    help="intra-op threads of the sessions to tune for (default: ORT's)")
     p.add_argument("--level", default="ORT_ENABLE_ALL", help="ORT graph optimization level to tune for")
     p.add_argument("--force", action="store_true", help="measure again even when decisions are cached")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="seconds of measuring, the kernel ranking included (default 30); matches not reached "
+                        "stay unfused and the decisions are not cached")
     p.add_argument("--json", action="store_true", help="print the decisions as JSON")
 
 
@@ -57,7 +60,7 @@ def run(args) -> int:
     try:
         tuning = tune.tune(model, args.patterns, so, batch=args.batch, dims=dims, force=args.force,
                            measure=True, progress=not args.json,
-                           sample=made.feeds if made.npz is not None else None)
+                           sample=made.feeds if made.npz is not None else None, budget_s=args.budget)
     except UnknownPatternError as exc:
         print(f"ortfuse tune: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +73,13 @@ def run(args) -> int:
     print(tune.table(tuning))
     origin = "read from the cache" if tuning.from_cache else f"measured in {tuning.seconds:.1f} s"
     kept = sum(d.keep for d in tuning.decisions)
-    print(f"{len(tuning.decisions)} candidate fusion(s), {kept} won on their subgraph; decisions {origin}: "
-          f"{tuning.path or '(not cached: cache folder not writable)'}")
+    if tuning.path:
+        where = tuning.path
+    elif not tuning.cacheable:
+        where = "(not cached: the budget ran out before every match was measured; give a larger --budget)"
+    else:
+        where = "(not cached: cache folder not writable)"
+    print(f"{len(tuning.decisions)} candidate fusion(s), {kept} won on their subgraph; decisions {origin}: {where}")
+    if tuning.ranked:
+        print(f"kernel ranking measured first: {tuning.ranked}")
     return 0

@@ -67,6 +67,7 @@ class Tuning:
     measured: bool = True  # False: nothing was measured nor cached (ORTFUSE_TUNE=off), so nothing is known
     failure: str | None = None
     budget_spent: bool = False
+    ranked: str = ""  # what measuring the kernel ranking first found (tune.ranking), for the report
 
     @property
     def cacheable(self) -> bool:
@@ -129,6 +130,8 @@ class Tuning:
             note += (f"; whole model {c['fused_ms']:.3f} ms vs stock ORT {c['ort_ms']:.3f} ms "
                      f"(ratio {c['ratio']:.3f}, {'passed' if c['passed'] else 'failed'})")
         report.notes.append(note)
+        if self.ranked:
+            report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
         if self.failure:
             report.notes.append(f"auto: tuning failed, nothing kept: {self.failure}")
         if self.budget_spent:
@@ -137,14 +140,14 @@ class Tuning:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "key": self.key, "seconds": self.seconds, "model_check": self.model_check,
-                "failure": self.failure, "budget_spent": self.budget_spent,
+                "failure": self.failure, "budget_spent": self.budget_spent, "ranked": self.ranked,
                 "decisions": [dataclasses.asdict(d) for d in self.decisions]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str = "") -> Tuning:
         return cls(data["key"], [Decision(**d) for d in data["decisions"]], data.get("model_check"),
                    data.get("seconds", 0.0), path, from_cache=True, failure=data.get("failure"),
-                   budget_spent=bool(data.get("budget_spent", False)))
+                   budget_spent=bool(data.get("budget_spent", False)), ranked=data.get("ranked", ""))
 
 
 def budget_reason(budget_s: float) -> str:
@@ -152,9 +155,14 @@ def budget_reason(budget_s: float) -> str:
     return f"{NOT_MEASURED_BUDGET} {budget_s:g} s spent; left to ORT"
 
 
+SMALL_CONSTANT = 16  # elements: a constant this small (scalar, exponent, bound, shape) is digested by value
+
+
 def constants_digest(ix: GraphIndex, nodes: list[onnx.NodeProto]) -> str:
     """The digest of the constants (initializers, Constant outputs) ``nodes`` read from the rest of
-    the graph: dtype, shape and values of each, in graph order (whatever the order of ``nodes``)."""
+    the graph, in graph order (whatever the order of ``nodes``): dtype and shape of each, and the
+    values of those of at most ``SMALL_CONSTANT`` elements (an exponent or a bound changes the work;
+    the values of weights do not, so convs of one shape share one measurement)."""
     produced = {o for n in nodes for o in n.output if o}
     seen: set[str] = set()
     h = hashlib.sha256()
@@ -167,7 +175,8 @@ def constants_digest(ix: GraphIndex, nodes: list[onnx.NodeProto]) -> str:
             if value is not None:
                 a = np.ascontiguousarray(value)
                 h.update(f"c{a.shape}{a.dtype}".encode())
-                h.update(a.tobytes())
+                if a.size <= SMALL_CONSTANT:
+                    h.update(a.tobytes())
     return h.hexdigest()[:16]
 
 

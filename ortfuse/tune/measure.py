@@ -164,7 +164,8 @@ class _Cut:
 
     def signature(self, micro_feeds: dict, kernel: str, constants: str) -> str:
         """Matches with equal signatures share one measurement: same kernel, op types, attributes,
-        input shapes and dtypes, and constants (``constants``: their digest, values included)."""
+        input shapes and dtypes, and constants (``constants``: their digest, with the values of the
+        small ones, ``decisions.constants_digest``)."""
         h = hashlib.sha256(f"kernel:{kernel};constants:{constants}".encode())
         for n in self.nodes:
             h.update(f"{n.domain}:{n.op_type}:{[(a.name, str(helper.get_attribute_value(a))) for a in n.attribute]}"

@@ -33,7 +33,7 @@ from ortfuse.runtime.session_options import measuring_options
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
 REPEATS = 3
-MIN_RUNS, MAX_RUNS = 5, 40
+MIN_RUNS, MAX_RUNS = 3, 40
 RTOL = ATOL = 1e-4  # |candidate - stock| <= ATOL * max(1, max|stock|) + RTOL * |stock| (BN folding rounds)
 STOCK = "stock"
 
@@ -107,7 +107,9 @@ def _close(got, ref) -> bool:
 
 def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: float = 60.0,
          precision: str = registry.FP32, progress: Callable[[str], None] | None = None) -> list[ClassResult]:
-    """Measure every class of ``model`` with alternatives; the results (not yet stored: ``store``)."""
+    """Measure every class of ``model`` with alternatives; the results (not yet stored: ``store``).
+    ``budget_s`` bounds the wall time (fusing, creating sessions and timing): a candidate not reached
+    is dropped with the reason, and a class left with nothing to compare gets no order."""
     import onnxruntime as ort
 
     so = measuring_options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, threads=threads, spinning=False)
@@ -115,11 +117,17 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
     stock = ort.InferenceSession(model.SerializeToString(),
                                  measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads,
                                                    spinning=False), providers=["CPUExecutionProvider"])
+    start = time.perf_counter()
+    classes = candidates(model, ids, precision)
     results = []
-    for key, (static, kernel_ids) in candidates(model, ids, precision).items():
+    for i, (key, (static, kernel_ids)) in enumerate(classes.items()):
         result = ClassResult(key, static)
+        results.append(result)
         runners: dict[str, Callable] = {STOCK: lambda: stock.run(None, feeds)}
         for kid in kernel_ids:
+            if time.perf_counter() - start >= budget_s:
+                result.dropped[kid] = f"not timed: the ranking's budget of {budget_s:g} s was spent"
+                continue
             fused, _ = fuse(model, ids, kernels=lambda m, kid=kid, key=key: kid if _class(m) == key else ranking.STATIC,
                             precision=precision)
             try:
@@ -132,9 +140,7 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
                 result.dropped[kid] = f"outputs differ from stock ORT's beyond rtol {RTOL:g}, atol {ATOL:g}"
                 continue
             runners[kid] = (lambda s=sess: s.run(None, feeds))
-        if static not in runners or len(runners) < 3:
-            result.order = [static] if static in runners else []
-            results.append(result)
+        if static not in runners or len(runners) < 3:  # nothing to compare: no order is stored for it
             continue
         if progress:
             progress(f"{key}: timing {', '.join(k for k in runners if k != STOCK)}")
@@ -142,13 +148,13 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
         for fn in runners.values():
             fn()
         once = max(time.perf_counter() - t0, 1e-6)
-        runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(1, len(results) + 1) / REPEATS / once)))
+        share = max(budget_s - (time.perf_counter() - start), 0.0) / (len(classes) - i)  # this class's time
+        runs = int(min(MAX_RUNS, max(MIN_RUNS, share / REPEATS / once)))
         raw = protocol.measure(runners, runs=runs, repeats=REPEATS, warmup=1)
         for kid, lat in raw.items():
             result.p50_ms[kid] = statistics.median(protocol.p50_per_repeat(lat))
             result.ratios[kid] = protocol.ratio_per_repeat(lat, raw[static])
         result.order = _order(result, [k for k in runners if k != STOCK])
-        results.append(result)
     return results
 
 

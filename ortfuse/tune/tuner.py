@@ -38,6 +38,7 @@ from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
 
 ENV = TUNE_ENV
+RANK_SHARE = 0.4  # of the tuning budget, for measuring the kernel ranking first (ortfuse.tune.ranking)
 
 
 def tuning_enabled() -> bool:
@@ -95,13 +96,20 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     if why_not:
         return _failed(Tuning(key), why_not)
     start = time.perf_counter()
-    extra = {} if budget_s is None else {"budget_s": budget_s}
+    budget = measuring.BUDGET_S if budget_s is None else budget_s
+    ranked = ""
     try:  # the feeds only now: the key needs shapes only
         feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
                                                                           model=model)
-        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, **extra)
+        if ranking.enabled() and str(level) == str(_enable_all()):  # the alternatives first, in the whole model
+            ranked = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
+            key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
+            path = _cache_path(key)
+        left = max(budget - (time.perf_counter() - start), 0.25 * budget)
+        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left)
     except Exception as exc:  # the model runs as stock ORT, and the report says why
         return _failed(Tuning(key), one_sentence(exc))
+    tuning.ranked = ranked
     tuning.seconds = round(time.perf_counter() - start, 2)
     if not tuning.cacheable:  # a failure may pass with other feeds, an unmeasured match may win: not final
         return tuning
@@ -110,6 +118,30 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     if tuning.path:
         _write_any_shapes(key, tuning)
     return tuning
+
+
+def _rank(model, ids, feed, threads: int, precision: str, budget_s: float) -> str:
+    """Measure the kernel ranking of ``model``'s classes in the whole model and store it for this
+    machine (``ortfuse.tune.ranking``); one line for the report ("" when there was nothing to rank).
+    A failure here leaves the static order: measuring the decisions goes on."""
+    from ortfuse.tune import ranking as ranking_run
+
+    try:
+        results = ranking_run.rank(model, ids, feed, threads=threads, budget_s=budget_s, precision=precision)
+        ranking_run.store(results, model.graph.name or "model", threads)
+    except Exception as exc:
+        return f"ranking failed ({one_sentence(exc)}); the static order is used"
+    timed = [r for r in results if len(r.p50_ms) > 2]
+    changed = [f"{r.key.replace('|', ' ').strip()}: {r.order[0]}" for r in timed if r.order and r.order[0] != r.static]
+    if not timed:
+        return ""
+    return f"{len(timed)} class(es) timed; " + ("; ".join(changed) if changed else "the static choices held")
+
+
+def _enable_all():
+    import onnxruntime as ort
+
+    return ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
 
 def _failed(tuning: Tuning, reason: str) -> Tuning:
@@ -185,6 +217,7 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
         "isa": registry.native_isa(),
         "cpu_features": sorted(isa.cpu_features()),
         "versions": ranking.versions(),
+        "ranking": ranking.digest(),
         "level": str(level),
         "threads": threads,
         "patterns": list(ids),
