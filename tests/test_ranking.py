@@ -203,3 +203,19 @@ def test_auto_tuning_ranks_the_alternatives_first_and_its_decisions_follow(machi
         assert kernel_of(fuse(model)[1]).reason == LEFT_TO_ORT
     else:
         assert [d.kernel for d in measured] == [kernel_of(fuse(model, kernels=first)[1]).kernel], (measured, stored)
+        assert "kernel ranking, in context" in measured[0].reason  # judged in the whole model, not alone
+        assert measured[0].fused_ms and measured[0].ort_ms
+
+
+def test_verdict_keeps_a_class_only_when_its_kernel_beats_ort_unfused_in_every_repeat():
+    r = measuring.ClassResult("k", "lowered:a", order=["lowered:a", ranking.ORT],
+                              ratios={"lowered:a": [1.0, 1.0, 1.0], ranking.ORT: [1.05, 1.04, 1.06]})
+    keep, reason = r.verdict()
+    assert keep and "in context" in reason
+    r.ratios[ranking.ORT] = [1.05, 0.99, 1.06]  # one repeat lost: not kept
+    assert r.verdict()[0] is False
+    r.ratios[ranking.ORT] = [1.005, 1.004, 1.006]  # faster in every repeat but by less than KEEP_LIMIT
+    assert r.verdict()[0] is False
+    r.order = [ranking.ORT, "lowered:a"]
+    assert r.verdict() == (False, "auto: left to ORT: unfused ran the whole model fastest (kernel ranking)")
+    assert measuring.ClassResult("k", "native", order=["native"], ratios={"native": [1.0]}).verdict() is None

@@ -61,9 +61,16 @@ BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-5, 2.0**-6  # atol times max(1, max|ORT
 CPU = ["CPUExecutionProvider"]
 
 
+Verdict = tuple[bool, str, float, float]  # keep, reason, whole-model ms with the kernel, with the class left to ORT
+
+
 def measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32,
-            budget_s: float = BUDGET_S) -> Tuning:
+            budget_s: float = BUDGET_S, verdicts: dict[tuple[str, ...], Verdict] | None = None) -> Tuning:
     """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds.
+
+    ``verdicts`` (node names -> verdict): matches the kernel ranking already judged in the whole
+    model (``ortfuse.tune.ranking``, with the kernel they get now); they take that verdict and are
+    not cut out and measured alone, which cannot see their effect on ORT's layout.
 
     Never raises for a model ORT can load: when the sample run (or anything before the matches are
     measured) fails, the Tuning holds no kept decision and ``failure`` says what failed and what to do;
@@ -96,8 +103,13 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
     matches_until = start + max(0.0, budget_s - MODEL_BUDGET_S)  # the whole-model check keeps its share
     with _progress_bar(len(candidates), progress) as bar:
         for rec, cut, constants in zip(candidates, cuts, digests):
-            found = _decide_match(model, rec, cut, constants, captured, measured, level, threads, precision,
-                                  None if time.perf_counter() < matches_until else budget_s)
+            judged = (verdicts or {}).get(tuple(rec.nodes))
+            if judged is not None:
+                keep, reason, fused_ms, ort_ms = judged
+                found = Decision(rec.pattern_id, [], keep, reason, fused_ms, ort_ms, rec.kernel, constants)
+            else:
+                found = _decide_match(model, rec, cut, constants, captured, measured, level, threads, precision,
+                                      None if time.perf_counter() < matches_until else budget_s)
             tuning.budget_spent |= found.reason == budget_reason(budget_s)
             tuning.decisions.append(dataclasses.replace(found, pattern_id=rec.pattern_id, nodes=list(rec.nodes)))
             bar.update(1)

@@ -32,6 +32,7 @@ from ortfuse.runtime.op_registration import with_custom_ops
 from ortfuse.runtime.session_options import measuring_options
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
+KEEP_LIMIT = 0.99  # auto keeps a class when its kernel runs the whole model at most this fraction of ORT's
 REPEATS = 3
 MIN_RUNS, MAX_RUNS = 3, 40
 RTOL = ATOL = 1e-4  # |candidate - stock| <= ATOL * max(1, max|stock|) + RTOL * |stock| (BN folding rounds)
@@ -48,6 +49,24 @@ class ClassResult:
     ratios: dict[str, list[float]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not timed
     order: list[str] = field(default_factory=list)
+    matches: list[list[str]] = field(default_factory=list)  # the node names of the class's matches
+
+    def verdict(self) -> tuple[bool, str] | None:
+        """Whether the kernel ranked first beats the class left to ORT in the whole model: in every
+        repeat and by ``KEEP_LIMIT`` in the median (what ``fusion="auto"`` keeps); None when the two
+        were not both timed."""
+        best = self.order[0] if self.order else ""
+        if best == ranking.ORT:
+            return False, "auto: left to ORT: unfused ran the whole model fastest (kernel ranking)"
+        if best not in self.ratios or ranking.ORT not in self.ratios:
+            return None
+        per_repeat = [b / o for b, o in zip(self.ratios[best], self.ratios[ranking.ORT])]
+        median = statistics.median(per_repeat)
+        text = (f"{best} ran the whole model {median:.3f}x its time with this kind of match left to ORT "
+                f"(repeats {min(per_repeat):.3f}-{max(per_repeat):.3f}; kernel ranking, in context)")
+        if median <= KEEP_LIMIT and max(per_repeat) < 1:
+            return True, f"auto: {text}"
+        return False, f"auto: {text}: not {KEEP_LIMIT:.2f} or better in every repeat"
 
 
 def _class(m: Match) -> str:
@@ -58,9 +77,8 @@ def _kernel_id(kernel: registry.Kernel) -> str:
     return f"{registry.LOWERED}:{kernel.form}" if kernel.path == registry.LOWERED else kernel.path
 
 
-def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> dict[str, tuple[str, list[str]]]:
-    """class key -> (static choice, the kernel ids that serve at least one of its matches, ORT last).
-    The static choice is the first of them in the registry's priority order."""
+def _members(model: onnx.ModelProto, ids, precision: str) -> dict[str, list[Match]]:
+    """The legal matches of ``model`` by class."""
     members: dict[str, list[Match]] = {}
 
     def observe(m: Match) -> str:
@@ -68,6 +86,13 @@ def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> d
         return ranking.STATIC
 
     fuse(model, ids, kernels=observe, precision=precision)
+    return members
+
+
+def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> dict[str, tuple[str, list[str]]]:
+    """class key -> (static choice, the kernel ids that serve at least one of its matches, ORT last).
+    The static choice is the first of them in the registry's priority order."""
+    members = _members(model, ids, precision)
     ix = GraphIndex(model)  # choose_kernel reads shapes and the opset only
     out = {}
     for key, matches in members.items():
@@ -119,9 +144,12 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
                                                    spinning=False), providers=["CPUExecutionProvider"])
     start = time.perf_counter()
     classes = candidates(model, ids, precision)
+    members = _members(model, ids, precision)
     results = []
     for i, (key, (static, kernel_ids)) in enumerate(classes.items()):
         result = ClassResult(key, static)
+        # node names identify a class's matches in the tuner's report (unnamed nodes: none recorded)
+        result.matches = [[n.name for n in m.nodes] for m in members.get(key, []) if all(n.name for n in m.nodes)]
         results.append(result)
         runners: dict[str, Callable] = {STOCK: lambda: stock.run(None, feeds)}
         for kid in kernel_ids:

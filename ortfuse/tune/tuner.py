@@ -101,12 +101,14 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     try:  # the feeds only now: the key needs shapes only
         feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
                                                                           model=model)
+        verdicts: dict = {}
         if ranking.enabled() and str(level) == str(_enable_all()):  # the alternatives first, in the whole model
-            ranked = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
+            ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
             key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
             path = _cache_path(key)
         left = max(budget - (time.perf_counter() - start), 0.25 * budget)
-        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left)
+        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left,
+                                   verdicts=verdicts)
     except Exception as exc:  # the model runs as stock ORT, and the report says why
         return _failed(Tuning(key), one_sentence(exc))
     tuning.ranked = ranked
@@ -120,22 +122,33 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     return tuning
 
 
-def _rank(model, ids, feed, threads: int, precision: str, budget_s: float) -> str:
+def _rank(model, ids, feed, threads: int, precision: str, budget_s: float) -> tuple[str, dict]:
     """Measure the kernel ranking of ``model``'s classes in the whole model and store it for this
-    machine (``ortfuse.tune.ranking``); one line for the report ("" when there was nothing to rank).
-    A failure here leaves the static order: measuring the decisions goes on."""
+    machine (``ortfuse.tune.ranking``). Returns one line for the report ("" when there was nothing to
+    rank) and the verdicts it gives the matches of each timed class (node names -> keep, reason,
+    whole-model ms with the kernel ranked first, with the class left to ORT): ``measure`` takes them
+    instead of measuring those matches alone. A failure here leaves the static order and no verdict."""
     from ortfuse.tune import ranking as ranking_run
 
     try:
         results = ranking_run.rank(model, ids, feed, threads=threads, budget_s=budget_s, precision=precision)
         ranking_run.store(results, model.graph.name or "model", threads)
     except Exception as exc:
-        return f"ranking failed ({one_sentence(exc)}); the static order is used"
+        return f"ranking failed ({one_sentence(exc)}); the static order is used", {}
+    verdicts = {}
+    for r in results:
+        found = r.verdict()
+        if found is not None:
+            keep, reason = found
+            best = r.order[0]
+            for names in r.matches:
+                verdicts[tuple(names)] = (keep, reason, r.p50_ms.get(best), r.p50_ms.get(ranking.ORT))
     timed = [r for r in results if len(r.p50_ms) > 2]
     changed = [f"{r.key.replace('|', ' ').strip()}: {r.order[0]}" for r in timed if r.order and r.order[0] != r.static]
     if not timed:
-        return ""
-    return f"{len(timed)} class(es) timed; " + ("; ".join(changed) if changed else "the static choices held")
+        return "", verdicts
+    return (f"{len(timed)} class(es) timed in the whole model; "
+            + ("; ".join(changed) if changed else "the static choices held")), verdicts
 
 
 def _enable_all():
