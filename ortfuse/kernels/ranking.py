@@ -21,6 +21,7 @@ from pathlib import Path
 from ortfuse.kernels import isa
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.versions import installed
 
 FORMAT = 1
 ENV = "ORTFUSE_RANKING"
@@ -39,15 +40,7 @@ def enabled() -> bool:
 
 def versions() -> dict[str, str]:
     """The versions a ranking holds for: ortfuse, onnxruntime, numba, onnxruntime-extensions."""
-    from importlib import metadata as im
-
-    out = {}
-    for dist in ("ortfuse", "onnxruntime", "numba", "onnxruntime-extensions"):
-        try:
-            out[dist] = im.version(dist)
-        except im.PackageNotFoundError:
-            out[dist] = ""
-    return out
+    return dict(installed())
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,13 +8,14 @@ inputs back to NCHW and the product forward to NCHWc again. Rewrite:
     #   ->   FusedChannelScaleBlocked(Xb, Sb; block) -> Yb
 
 Consumers of ``y`` other than ReorderInput keep it through one ReorderOutput of the new product;
-a ReorderOutput left without consumers is removed. Shapes come from the graph before ORT optimized
-it (the tensors around a reorder keep their original names).
+a ReorderOutput left without consumers is removed. ``shape`` gives a tensor's dims in the graph
+before ORT optimized it (the tensors around a reorder keep their original names).
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 
 import onnx
 from onnx import helper
@@ -41,7 +42,7 @@ def reorder_count(graph: onnx.GraphProto) -> int:
     return sum(1 for n in graph.node if n.domain == NCHWC and n.op_type in ("ReorderInput", "ReorderOutput"))
 
 
-def block_channel_scales(graph: onnx.GraphProto, shapes: dict[str, list], block: int) -> int:
+def block_channel_scales(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int) -> int:
     """Rewrite every SE scale Mul between blocked tensors in ``graph`` (in place); returns how many."""
     producer = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
@@ -53,7 +54,7 @@ def block_channel_scales(graph: onnx.GraphProto, shapes: dict[str, list], block:
     for node in graph.node:
         if not (node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.input) == 2):
             continue
-        pair = _scale_pair(node, producer, shapes)
+        pair = _scale_pair(node, producer, shape)
         if pair is None:
             continue
         x, s, channels = pair
@@ -92,12 +93,12 @@ def block_channel_scales(graph: onnx.GraphProto, shapes: dict[str, list], block:
     return len(replaced)
 
 
-def scale_shapes(node: onnx.NodeProto, shapes: dict[str, list]) -> int:
+def scale_shapes(node: onnx.NodeProto, shape: Callable[[str], list | None]) -> int:
     """1 when a two-input ``node`` multiplies x [N, C, H, W] (input 0) by s [N, C, 1, 1], 2 when the
     other way round, else 0."""
     if len(node.input) != 2:
         return 0
-    sa, sb = (shapes.get(t) for t in node.input)
+    sa, sb = (shape(t) for t in node.input)
     if not sa or not sb or len(sa) != 4 or len(sb) != 4:
         return 0
     if sb[2:] == [1, 1] and sa[2:] != [1, 1]:
@@ -107,13 +108,13 @@ def scale_shapes(node: onnx.NodeProto, shapes: dict[str, list]) -> int:
     return 0
 
 
-def _scale_pair(node, producer, shapes) -> tuple[onnx.NodeProto, onnx.NodeProto, int] | None:
+def _scale_pair(node, producer, shape) -> tuple[onnx.NodeProto, onnx.NodeProto, int] | None:
     """(reorder of x, reorder of s, channels) when ``node`` multiplies a blocked [N, C, H, W] tensor
     by a blocked [N, C, 1, 1] one, else None."""
     a, b = (producer.get(t) for t in node.input)
     if not (_plain_reorder(a, "ReorderOutput") and _plain_reorder(b, "ReorderOutput")):
         return None
-    which = scale_shapes(node, shapes)
+    which = scale_shapes(node, shape)
     if not which:
         return None
     x, s = (a, b) if which == 1 else (b, a)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ortfuse.ir.graph import GraphIndex
 from ortfuse.layout import blocked_scale
 from ortfuse.layout.probe import block_size
 
@@ -58,8 +59,8 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     data = data if data is not None else fused.SerializeToString()
     if len(data) > MAX_BYTES:
         return None, "layout: the model is too large to optimize twice"
-    shapes = _shapes(original)
-    if not any(blocked_scale.scale_shapes(n, shapes) for n in fused.graph.node if n.op_type == "Mul"):
+    shape = GraphIndex(original).shape  # dims from ONNX shape inference, as the matchers see them
+    if not any(blocked_scale.scale_shapes(n, shape) for n in fused.graph.node if n.op_type == "Mul"):
         return None, "layout: no channel scale (x [N, C, H, W] * s [N, C, 1, 1]) to run blocked"
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
@@ -75,24 +76,10 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         except Exception as exc:  # never worse than the fused plan: keep it
             return None, f"layout: ORT could not optimize the fused model ({type(exc).__name__})"
     before = blocked_scale.reorder_count(optimized.graph)
-    moved = blocked_scale.block_channel_scales(optimized.graph, shapes, block)
+    moved = blocked_scale.block_channel_scales(optimized.graph, shape, block)
     if not moved:
         return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT)"
     after = blocked_scale.reorder_count(optimized.graph)
     note = (f"layout: NCHWc blocks of {block}; {moved} squeeze-excite scale(s) run blocked "
             f"({blocked_scale.OP}); reorders {before} -> {after}")
     return Layout(optimized, frozenset({blocked_scale.OP}), note), ""
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, list]:
-    """Static dims (None where symbolic) of every tensor shape inference reaches."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        return {}
-    out = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
-        t = vi.type.tensor_type
-        if t.HasField("shape"):
-            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-    return out

@@ -8,4 +8,5 @@
     session_options  the one SessionOptions builder and the config entries ortfuse defines (leaf)
     cache_paths      where every cache lives (leaf)
     files            atomic file writes (leaf)
+    versions         the installed versions that key the caches (leaf)
 """

@@ -30,6 +30,7 @@ from ortfuse.kernels import isa, ranking
 from ortfuse.runtime.cache_paths import PLANS, cache_dir
 from ortfuse.runtime.files import write_atomic
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.runtime.versions import installed
 
 FORMAT = 1
 MAX_BYTES = 2 * 2**30
@@ -48,8 +49,6 @@ def root() -> Path:
 @functools.lru_cache(maxsize=1)
 def _code_digest() -> str:
     """sha256 over ortfuse's Python sources and the installed runtime versions."""
-    from importlib import metadata as im
-
     import ortfuse.custom_ops
 
     package = Path(__file__).resolve().parents[1]  # ortfuse/
@@ -58,11 +57,8 @@ def _code_digest() -> str:
         for path in sorted(base.rglob("*.py")):
             h.update(str(path.relative_to(base)).encode())
             h.update(path.read_bytes())
-    for dist in ("onnxruntime", "onnxruntime-extensions", "numba", "onnx"):
-        try:
-            h.update(f"{dist}={im.version(dist)}".encode())
-        except im.PackageNotFoundError:
-            h.update(f"{dist}=none".encode())
+    for dist, version in installed(("onnxruntime", "onnxruntime-extensions", "numba", "onnx")).items():
+        h.update(f"{dist}={version or 'none'}".encode())
     return h.hexdigest()
 
 

@@ -89,10 +89,11 @@ def _members(model: onnx.ModelProto, ids, precision: str) -> dict[str, list[Matc
     return members
 
 
-def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32) -> dict[str, tuple[str, list[str]]]:
+def candidates(model: onnx.ModelProto, ids, precision: str = registry.FP32,
+               members: dict[str, list[Match]] | None = None) -> dict[str, tuple[str, list[str]]]:
     """class key -> (static choice, the kernel ids that serve at least one of its matches, ORT last).
     The static choice is the first of them in the registry's priority order."""
-    members = _members(model, ids, precision)
+    members = _members(model, ids, precision) if members is None else members  # ``rank`` has them already
     ix = GraphIndex(model)  # choose_kernel reads shapes and the opset only
     out = {}
     for key, matches in members.items():
@@ -143,8 +144,8 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
                                  measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads,
                                                    spinning=False), providers=["CPUExecutionProvider"])
     start = time.perf_counter()
-    classes = candidates(model, ids, precision)
     members = _members(model, ids, precision)
+    classes = candidates(model, ids, precision, members)
     results = []
     for i, (key, (static, kernel_ids)) in enumerate(classes.items()):
         result = ClassResult(key, static)

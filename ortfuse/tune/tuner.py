@@ -102,7 +102,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
         feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
                                                                           model=model)
         verdicts: dict = {}
-        if ranking.enabled() and str(level) == str(_enable_all()):  # the alternatives first, in the whole model
+        if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
             ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
             key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
             path = _cache_path(key)
