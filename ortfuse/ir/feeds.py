@@ -110,23 +110,30 @@ def concrete_shape(dims: list, batch: int = 1, named: Mapping[str, int] | None =
 
 
 class _Graph:
-    """Consumers, producers and constants of a model's top-level graph."""
+    """Producers, consumers (with the input position) and constant tensors of a model's top-level
+    graph: ``GraphIndex``'s maps, the constants kept as TensorProtos (a table's rows are read from
+    its dims, never by decoding it)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.constants: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
-        for node in g.node:
-            for i, name in enumerate(node.input):
-                if name:
-                    self.consumers.setdefault(name, []).append((node, i))
-            for name in node.output:
-                self.producer[name] = node
+        from ortfuse.ir.graph import GraphIndex
+
+        self._ix = GraphIndex(model, infer_shapes=False)
+        self.producer = self._ix.producer
+        self.constants: dict[str, onnx.TensorProto] = dict(self._ix.initializers)
+        for node in model.graph.node:
             if node.op_type == "Constant" and node.output:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
                     self.constants[node.output[0]] = value
+
+    def consumers(self, name: str) -> list[tuple[onnx.NodeProto, int]]:
+        """(node, input position) of every use of ``name`` as a node input."""
+        out, seen = [], set()
+        for node in self._ix.consumers_of(name):
+            if id(node) not in seen:
+                seen.add(id(node))
+                out += [(node, i) for i, t in enumerate(node.input) if t == name]
+        return out
 
     def table_rows(self, name: str, axis: int) -> int | None:
         """Size on ``axis`` of the constant ``name`` (seen through ``_TABLE_THROUGH``), None if unknown."""
@@ -174,7 +181,7 @@ def _follow(graph: _Graph, start: str) -> tuple[tuple[int, int] | None, bool]:
         if (name, shift) in seen:
             continue
         seen.add((name, shift))
-        for node, idx in graph.consumers.get(name, ()):
+        for node, idx in graph.consumers(name):
             op = node.op_type
             for index_input, table_input, axis in INDEXING_OPS.get(op, ()):
                 if idx != index_input or len(node.input) <= table_input:
