@@ -21,13 +21,10 @@ import onnx
 from onnx import helper
 
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.rulekit.checks import attr
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedChannelScaleBlocked"
-
-
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> bool:
@@ -35,7 +32,7 @@ def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> bool:
 
 
 def _plain_reorder(node: onnx.NodeProto | None, op_type: str) -> bool:
-    return _is(node, op_type, NCHWC) and not _attr(node, "channels_last", 0)
+    return _is(node, op_type, NCHWC) and not attr(node, "channels_last", 0)
 
 
 def reorder_count(graph: onnx.GraphProto) -> int:
@@ -118,7 +115,7 @@ def _scale_pair(node, producer, shape) -> tuple[onnx.NodeProto, onnx.NodeProto, 
     if not which:
         return None
     x, s = (a, b) if which == 1 else (b, a)
-    channels = _attr(x, "channels")
-    if channels is None or channels != _attr(s, "channels"):
+    channels = attr(x, "channels")
+    if channels is None or channels != attr(s, "channels"):
         return None
     return x, s, int(channels)
