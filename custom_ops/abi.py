@@ -104,6 +104,14 @@ API_INDEX = {
     "ReleaseTensorTypeAndShapeInfo": 99,
 }
 
+REGISTRATION_API_INDEX = {
+    # used only by the ahead-of-time library's RegisterCustomOps (C), checked end to end by
+    # tests/test_aot.py (a plain onnxruntime session registers the library and runs a fused model)
+    "CreateCustomOpDomain": 26,
+    "CustomOpDomain_Add": 27,
+    "AddCustomOpDomain": 28,
+}
+
 CREATE_STATUS = 0
 GET_ERROR_CODE = 1
 GET_ERROR_MESSAGE = 2

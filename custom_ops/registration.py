@@ -82,7 +82,10 @@ def register_library(sess_options, reference_specs=()) -> None:
 
 
 def register_native(sess_options, op_names, reference_specs=()) -> bool:
-    """Register the native (numba cfunc) kernels of ``op_names``, then the extensions library.
+    """Register the native kernels of ``op_names``, then the extensions library.
+
+    The kernels come from the ahead-of-time ops library when it holds them all (nothing compiled, no
+    numba imported), else they are compiled in this process (numba cfuncs, once; one warning).
 
     ``op_names`` are native op types (``OpSpec.name``, e.g. ``FusedAddRelu``; see
     ``native_op_types()``). On success the ops are added to onnxruntime-extensions (once per
@@ -95,11 +98,16 @@ def register_native(sess_options, op_names, reference_specs=()) -> bool:
     the ``...Ref`` ops and ``register_library``. Call it instead of, never after, ``register_library``
     on one SessionOptions (the library must be registered once per options, after every op is added).
     """
-    from ortfuse.custom_ops.native.install import ensure_registered
+    from ortfuse.custom_ops.native.install import ensure_from_library, ensure_registered
 
     names = list(dict.fromkeys(op_names))
     reason = unavailable_reason()
+    if not reason and ensure_from_library(names):  # the ahead-of-time library: no numba in this process
+        _last_native_reason[0] = None
+        register_library(sess_options, reference_specs)
+        return True
     if not reason:
+        _warn_no_library()
         table = native_op_table()
         missing = [n for n in names if n not in table]
         if missing:
@@ -115,6 +123,21 @@ def register_native(sess_options, op_names, reference_specs=()) -> bool:
 
 
 _last_native_reason: list = [None]
+_warned: list = []
+
+
+def _warn_no_library() -> None:
+    """Once per process: the native kernels compile in-process because the ops library is missing."""
+    from ortfuse.custom_ops.aot.library import disabled, loaded
+
+    if _warned or disabled() or loaded() is not None:
+        return
+    _warned.append(True)
+    import logging
+
+    logging.getLogger("ortfuse.native").warning(
+        "ortfuse: no ops library for this machine yet; compiling kernels in this process with numba "
+        "(build the library once with `ortfuse ops-library`)")
 
 
 def native_unavailable_reason(op_names=()) -> str | None:

@@ -20,6 +20,15 @@ from ortfuse.fusion.report import FusionReport as FusionReport  # noqa: E402 - a
 from ortfuse.session import InferenceSession as InferenceSession  # noqa: E402
 
 
+def ops_library_path() -> str:
+    """Path of this machine's ahead-of-time native ops library, built first if missing (once per
+    machine and version, about a minute). Register it in any ORT host to run a model fused by
+    ``ortfuse-annotate --rewrite``: ``SessionOptions.register_custom_ops_library(path)``."""
+    from ortfuse.custom_ops.aot.library import library_path
+
+    return str(library_path())
+
+
 def __getattr__(name: str):
     """``fuse`` and ``backend`` load onnx, slow to import (``python -X importtime -c "import onnx"``),
     so they are imported on first use."""

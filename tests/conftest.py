@@ -21,6 +21,22 @@ def pytest_configure(config):
     from ortfuse.custom_ops.numba_setup import configure_numba
 
     configure_numba()
+    _use_ops_library(config)
+
+
+def _use_ops_library(config):
+    """Sessions in tests load the ahead-of-time ops library, as users' sessions do: built once per
+    machine and sources (in the controller, before xdist starts its workers, which inherit the
+    variable), and named by path so that tests pointing ORTFUSE_CACHE_DIR elsewhere still use it.
+    If it cannot be built, sessions compile in-process and tests/test_aot.py fails with the reason."""
+    if os.environ.get("ORTFUSE_OPS_LIBRARY") or hasattr(config, "workerinput"):
+        return
+    from ortfuse.custom_ops.aot.library import LibraryError, library_path
+
+    try:
+        os.environ["ORTFUSE_OPS_LIBRARY"] = str(library_path())
+    except LibraryError as exc:
+        print(f"ortfuse tests: no ops library ({exc})")
 
 
 def pytest_terminal_summary(terminalreporter):

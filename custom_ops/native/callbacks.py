@@ -66,7 +66,7 @@ def _cb_kernel_destroy(kernel):
     slot_free(kernel)
 
 
-_NUMBA_CALLBACKS = {
+NUMBA_CALLBACKS = {
     # OrtCustomOp field: (python function, numba signature)
     "CreateKernelV2": (_cb_create_kernel_v2, SIG_CREATE_KERNEL_V2),
     "KernelDestroy": (_cb_kernel_destroy, SIG_KERNEL_DESTROY),
@@ -76,7 +76,7 @@ _NUMBA_CALLBACKS = {
 # code generator in milliseconds, where a numba cfunc each would be a compile of its own.
 #   field: (symbol, return type, number of int64 arguments, body)
 #   body: ("ext", word) returns that extension word, ("const", value) returns a constant.
-_IR_CALLBACKS = {
+IR_CALLBACKS = {
     "CreateKernel": ("ortfuse_create_kernel_v1", "i64", 3, ("const", 0)),  # unused: V2 is set
     "GetName": ("ortfuse_get_name", "i64", 1, ("ext", EXT_NAME)),
     "GetExecutionProviderType": ("ortfuse_get_ep", "i64", 1, ("const", 0)),  # NULL: CPU
@@ -105,7 +105,7 @@ def _build_ir_callbacks():
     codegen = cpu_target.target_context.codegen()
     mod = codegen._create_empty_module("ortfuse_meta")
     made = {}
-    for symbol, ret, nargs, body in _IR_CALLBACKS.values():
+    for symbol, ret, nargs, body in IR_CALLBACKS.values():
         if symbol in made:
             continue
         fn = ir.Function(mod, ir.FunctionType(rets[ret], [i64] * nargs), symbol)
@@ -123,7 +123,7 @@ def _build_ir_callbacks():
         library = codegen.create_library("ortfuse_meta")
         library.add_ir_module(mod)
         library.finalize()
-    return library, {field: library.get_pointer_to_function(spec[0]) for field, spec in _IR_CALLBACKS.items()}
+    return library, {field: library.get_pointer_to_function(spec[0]) for field, spec in IR_CALLBACKS.items()}
 
 
 def shared_callbacks() -> dict:
@@ -132,7 +132,7 @@ def shared_callbacks() -> dict:
         if not _callbacks:
             library, addresses = _build_ir_callbacks()
             KEEP.append(library)
-            for field, (fn, sig) in _NUMBA_CALLBACKS.items():
+            for field, (fn, sig) in NUMBA_CALLBACKS.items():
                 addresses[field] = compile_cfunc(fn, sig).address
             _callbacks.update(addresses)
         return dict(_callbacks)

@@ -1,7 +1,9 @@
-"""``ensure_registered(op_defs)``: compile native ops (or load them from numba's cache) and add their
-records to onnxruntime-extensions with ``AddExternalCustomOp``, once per process. It must run before
-``SessionOptions.register_custom_ops_library`` for the ops to exist in that session (extensions
-reads its op list then); ``registration.register_native`` does both (docs/ARCHITECTURE.md §6)."""
+"""Adding native ops' records to onnxruntime-extensions with ``AddExternalCustomOp``, once per process
+and op: ``ensure_from_library(names)`` takes them from the ahead-of-time ops library (no numba),
+``ensure_registered(op_defs)`` compiles them in-process with numba (or loads numba's cache). Either
+must run before ``SessionOptions.register_custom_ops_library`` for the ops to exist in that session
+(extensions reads its op list then); ``registration.register_native`` does both (docs/ARCHITECTURE.md
+§6, §6b)."""
 
 from __future__ import annotations
 
@@ -12,19 +14,14 @@ import threading
 from collections.abc import Iterable
 
 from ortfuse.custom_ops.native.availability import add_external_custom_op, unavailable_reason
-from ortfuse.custom_ops.native.callbacks import shared_callbacks
-from ortfuse.custom_ops.native.lifetime import compile_cfunc, immortal
 from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.native.records import OpRecord
-from ortfuse.custom_ops.native.slots import POOL
-from ortfuse.custom_ops.native.threads import init_settings
-from ortfuse.custom_ops.numba_setup import configure_numba
-from ortfuse.custom_ops.ort_api import SIG_KERNEL_COMPUTE_V2, SIG_WORKER
+from ortfuse.custom_ops.native.pool import POOL, init_settings
 
 log = logging.getLogger("ortfuse.native")
 
 _lock = threading.RLock()
-_registered: dict[str, OpRecord] = immortal({})
+_registered: dict = {}  # op type -> its OpRecord (JIT) or the OpsLibrary holding its record
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_registered))  # ORT may call into the records at shutdown
 
 
 def _python_op_names() -> set[str]:
@@ -35,6 +32,34 @@ def _python_op_names() -> set[str]:
     if Opdef is None:
         return set()
     return {getattr(op, "op_type", "") for op in list(getattr(Opdef, "_odlist", {}).values())}
+
+
+def ensure_from_library(names: Iterable[str]) -> bool:
+    """Add the records of ``names`` from the ops library (``aot.library.loaded``), once per process;
+    True when every one of them is registered afterwards, False (adding nothing) when the library is
+    not there, lacks one of them or the native path is unavailable."""
+    from ortfuse.custom_ops.aot.library import loaded
+
+    names = list(dict.fromkeys(names))
+    if unavailable_reason():
+        return False
+    with _lock:
+        todo = [n for n in names if n not in _registered]
+        if not todo:
+            return True
+        library = loaded()
+        if library is None or any(n not in library.ops for n in todo):
+            return False
+        if set(todo) & _python_op_names():
+            return False
+        if not _registered:
+            init_settings()
+        add_external = add_external_custom_op()
+        for n in todo:
+            if not add_external(library.ops[n]):
+                return False
+            _registered[n] = library
+    return True
 
 
 def ensure_registered(op_defs: Iterable[NativeOpDef]) -> tuple[bool, str]:
@@ -54,6 +79,12 @@ def ensure_registered(op_defs: Iterable[NativeOpDef]) -> tuple[bool, str]:
         clash = sorted(set(todo) & _python_op_names())
         if clash:  # the same name on both paths makes extensions' RegisterCustomOps loop forever
             return False, f"a Python op is already named {', '.join(clash)}"
+        from ortfuse.custom_ops.native.callbacks import shared_callbacks
+        from ortfuse.custom_ops.native.lifetime import compile_cfunc
+        from ortfuse.custom_ops.native.records import OpRecord
+        from ortfuse.custom_ops.numba_setup import configure_numba
+        from ortfuse.custom_ops.ort_api import SIG_KERNEL_COMPUTE_V2, SIG_WORKER
+
         try:
             configure_numba()
             if not _registered:

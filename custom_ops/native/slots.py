@@ -7,13 +7,11 @@ free list, which grows with ``malloc`` when empty and never shrinks: the number 
 number of live kernels (sessions x fused nodes), never a fixed limit. A kernel may keep one malloc'd
 buffer in the slot word ``S_OWNED`` (packed weights); ``slot_free`` frees it.
 
-``POOL`` is this process's pool block (every op's record points at it); ``slot_stats`` reads its
+``pool.POOL`` is this process's pool block (every op's record points at it); ``slot_stats`` reads its
 counters.
 """
 
 from __future__ import annotations
-
-import ctypes
 
 import numpy as np
 from numba import njit
@@ -39,7 +37,6 @@ from ortfuse.custom_ops.native.layout import (
     P_LIVE,
     P_LOCK,
     P_PEAK,
-    POOL_WORDS,
     S_API,
     S_OWNED,
     S_POOL,
@@ -49,9 +46,7 @@ from ortfuse.custom_ops.native.layout import (
     SLOT_LIVE,
     SLOT_WORDS,
 )
-from ortfuse.custom_ops.native.lifetime import immortal
-
-POOL = immortal((ctypes.c_int64 * POOL_WORDS)())  # spin lock, free list, counters, threading settings
+from ortfuse.custom_ops.native.pool import POOL, slot_stats  # noqa: F401 - re-exported
 
 
 @njit(cache=True)
@@ -130,10 +125,3 @@ def slot_f32(slot, word):
 @njit(cache=True)
 def slot_i64(slot, word):
     return load_i64(slot + 8 * (ATTR_BASE + word))
-
-
-def slot_stats() -> dict[str, int]:
-    """Kernel-state pool counters: live slots, slots ever allocated (= peak live), creates, destroys."""
-    return {"live": int(POOL[P_LIVE]), "allocated": int(POOL[P_ALLOCATED]), "peak": int(POOL[P_PEAK]),
-            "creates": int(POOL[P_CREATES]), "destroys": int(POOL[P_DESTROYS]),
-            "alloc_failures": int(POOL[P_ALLOC_FAIL])}

@@ -1,13 +1,11 @@
 """How a compute runs its blocks: ``run_blocks`` (numba) runs the op's worker on every block, serially
 below ``parallel_min`` elements, else on ORT's own intra-op pool (``KernelContext_ParallelFor``, the
 default: no second pool competing with ORT's spinning threads) or on numba's OpenMP layer
-(``prange``). The choice (``set_threading``) is kept in the pool block and read at run time, so one
-cached build serves all settings (docs/ARCHITECTURE.md §6)."""
+(``prange``). The choice (``pool.set_threading``) is kept in the pool block and read at run time, so
+one build serves all settings (docs/ARCHITECTURE.md §6)."""
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 
 from numba import cfunc, njit, prange, types
@@ -21,17 +19,18 @@ from ortfuse.custom_ops.native.layout import (
     P_THREADING,
     S_POOL,
     S_RECORD,
-    THREADING_MODES,
     THREADS_NUMBA,
     THREADS_ORT,
 )
-from ortfuse.custom_ops.native.slots import POOL
+from ortfuse.custom_ops.native.pool import (  # noqa: F401 - the settings live with the pool (re-exported)
+    DEFAULT_PARALLEL_MIN,
+    init_settings,
+    set_threading,
+    threading_settings,
+)
 from ortfuse.custom_ops.numba_setup import configure_numba
 from ortfuse.custom_ops.ort_api import context_parallel_for
 
-log = logging.getLogger("ortfuse.native")
-
-DEFAULT_PARALLEL_MIN = 1 << 16
 _lock = threading.RLock()
 _numba_par_for_cfunc = None
 
@@ -85,38 +84,19 @@ def numba_threads_ok() -> bool:
     return str(numba.config.THREADING_LAYER) in ("omp", "tbb", "threadsafe", "safe")
 
 
-def set_threading(mode: str | None = None, parallel_min: int | None = None) -> tuple[str, int]:
-    """Choose how kernels use threads; takes effect on the next run of any session.
-
-    mode: "ort" (blocks on ORT's intra-op pool via KernelContext_ParallelFor; the default),
-    "numba" (numba's parallel layer, OpenMP preferred; refused for layers that abort on concurrent
-    use) or "serial". parallel_min: element count from which a kernel splits work (negative: never).
-    None keeps the current value (initially $ORTFUSE_THREADING and $ORTFUSE_PARALLEL_MIN, else
-    "ort" and DEFAULT_PARALLEL_MIN). Returns the (mode, parallel_min) in force.
-    """
+def numba_par_for_address() -> int:
+    """Address of the cfunc that runs a worker's blocks on numba's threads (compiled once); raises
+    RuntimeError when numba's threading layer may abort on concurrent use."""
     global _numba_par_for_cfunc
     with _lock:
-        if mode is not None:
-            if mode not in THREADING_MODES:
-                raise ValueError(f"threading mode must be one of {sorted(THREADING_MODES)}, got {mode!r}")
-            if mode == "numba":
-                if not numba_threads_ok():
-                    raise RuntimeError("numba's threading layer is not omp or tbb; it may abort when "
-                                       "called from several threads")
-                if _numba_par_for_cfunc is None:
-                    _launch_numba_threads()
-                    _numba_par_for_cfunc = cfunc(types.void(types.int64, types.int64, types.int64),
-                                                 cache=True)(_cb_numba_par_for)
-                    POOL[P_PAR_FOR] = _numba_par_for_cfunc.address
-            POOL[P_THREADING] = THREADING_MODES[mode]
-        if parallel_min is not None:
-            POOL[P_PAR_MIN] = int(parallel_min)
-        names = {v: k for k, v in THREADING_MODES.items()}
-        return names[int(POOL[P_THREADING])], int(POOL[P_PAR_MIN])
-
-
-def threading_settings() -> tuple[str, int]:
-    return set_threading()
+        if _numba_par_for_cfunc is None:
+            if not numba_threads_ok():
+                raise RuntimeError("numba's threading layer is not omp or tbb; it may abort when "
+                                   "called from several threads")
+            _launch_numba_threads()
+            _numba_par_for_cfunc = cfunc(types.void(types.int64, types.int64, types.int64),
+                                         cache=True)(_cb_numba_par_for)
+        return _numba_par_for_cfunc.address
 
 
 def _launch_numba_threads() -> None:
@@ -126,14 +106,3 @@ def _launch_numba_threads() -> None:
     from numba.np.ufunc import parallel
 
     parallel._launch_threads()
-
-
-def init_settings() -> None:
-    """The settings of $ORTFUSE_THREADING and $ORTFUSE_PARALLEL_MIN (else "ort" and DEFAULT_PARALLEL_MIN)."""
-    env_mode = os.environ.get("ORTFUSE_THREADING", "ort").strip().lower() or "ort"
-    env_min = os.environ.get("ORTFUSE_PARALLEL_MIN", "").strip()
-    try:
-        set_threading(env_mode, int(env_min) if env_min else DEFAULT_PARALLEL_MIN)
-    except (ValueError, RuntimeError) as exc:
-        log.warning("ortfuse: %s; using ORT's thread pool", exc)
-        set_threading("ort", DEFAULT_PARALLEL_MIN)

@@ -20,6 +20,8 @@ COMMANDS = {
     "verify": ("ortfuse.cli.verify",
                "compare fused and stock ORT outputs; on a mismatch, bisect to the fused op to blame"),
     "profile": ("ortfuse.cli.profile", "ORT's profiler on the fused and the unfused model: where the time goes"),
+    "ops-library": ("ortfuse.cli.ops_library",
+                    "build this machine's native ops library (once) and print its path, for any ORT host"),
 }
 
 

@@ -151,6 +151,14 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _detect() -> tuple[frozenset[str], str]:
+    """The host's features: LLVM's view when LLVM is loaded already (numba imported), else
+    ``/proc/cpuinfo`` first: loading LLVM only to ask would add tens of MB to a session that runs
+    the ahead-of-time ops library and never loads it otherwise."""
+    llvm_loaded = "llvmlite.binding" in sys.modules
+    if not llvm_loaded:
+        feats = _from_cpuinfo()
+        if feats:
+            return feats, CPUINFO
     try:
         feats = _from_llvm()
         if feats:

@@ -11,7 +11,7 @@ ENV = "ORTFUSE_CACHE_DIR"
 XDG_ENV = "XDG_CACHE_HOME"
 
 # the sub-folder of each cache user
-MODELS, PLANS, TUNING, NUMBA = "models", "plans", "tuning", "numba"
+MODELS, PLANS, TUNING, NUMBA, OPS = "models", "plans", "tuning", "numba", "ops"
 
 
 def cache_dir(sub: str = "") -> Path:

@@ -1,0 +1,169 @@
+"""Build the ops library: ``python -m ortfuse.custom_ops.aot.build --isa LEVEL --key KEY --out PATH``.
+
+Run as its own process with numba targeting the ISA level (``kernels.isa.numba_env``) and an empty
+numba cache (``NUMBA_CACHE_DIR``): ``library.build`` starts it so. Steps (docs/ARCHITECTURE.md §6b):
+
+1. the units: every native op's compute and worker (``registration.native_op_table``) and the shared
+   callbacks of ``native.callbacks.NUMBA_CALLBACKS``, each with a C symbol;
+2. objects: the units split over up to ``--jobs`` worker processes (this same module with
+   ``--worker``), each compiling its share with ``objects.build_object`` for the level's CPU;
+3. glue: the records of every op, built by ``native.records.OpRecord`` with tokens for the
+   functions, as C (``glue.c_source``);
+4. link (``toolchain.link_shared``) into a temporary file, checked by loading it, then renamed over
+   ``--out`` (atomic: a reader sees the old file or the new one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ALLOWED_UNDEFINED = re.compile(r"^(NRT_MemInfo_call_dtor|ortfuse_aot_failure|[a-z][a-z0-9]*)$")
+"""Symbols the objects may leave to the glue, libc and libm (lower-case C names such as ``expf``);
+anything else (numba's runtime, the Python C API) fails the build."""
+
+
+def _symbol(fn) -> str:
+    return "ortfuse_fn_" + re.sub(r"\W", "_", f"{fn.__module__.rpartition('.')[2]}_{fn.__qualname__}")
+
+
+def units():
+    """(units, {python function: symbol}) of every native op and shared callback."""
+    from ortfuse.custom_ops.aot.objects import Unit
+    from ortfuse.custom_ops.native.callbacks import NUMBA_CALLBACKS
+    from ortfuse.custom_ops.ort_api import SIG_CREATE_KERNEL_V2, SIG_KERNEL_COMPUTE_V2, SIG_WORKER
+    from ortfuse.custom_ops.registration import native_op_table
+
+    found: dict = {}
+    for fn, sig in NUMBA_CALLBACKS.values():
+        found[fn] = Unit(_symbol(fn), fn, sig, ("arg", 1) if sig == SIG_CREATE_KERNEL_V2 else None)
+    for op in native_op_table().values():
+        found.setdefault(op.compute, Unit(_symbol(op.compute), op.compute, SIG_KERNEL_COMPUTE_V2, ("slot", 0)))
+        if op.worker is not None:
+            found.setdefault(op.worker, Unit(_symbol(op.worker), op.worker, SIG_WORKER, None))
+    symbols = [u.symbol for u in found.values()]
+    if len(set(symbols)) != len(symbols):
+        raise RuntimeError("two native callbacks map to one C symbol")
+    return list(found.values())
+
+
+def _shares(all_units, jobs: int) -> list[list[int]]:
+    """Unit indices per worker, families kept together (they share callees), balanced by count."""
+    by_module: dict[str, list[int]] = {}
+    for i, u in enumerate(all_units):
+        by_module.setdefault(u.fn.__module__, []).append(i)
+    shares: list[list[int]] = [[] for _ in range(max(1, jobs))]
+    for group in sorted(by_module.values(), key=len, reverse=True):
+        min(shares, key=len).extend(group)
+    return [s for s in shares if s]
+
+
+def _records(all_units):
+    """The OpRecords of every op, with tokens for functions and the pool; and the tokens."""
+    from ortfuse.custom_ops.aot.glue import POOL_SYMBOL, Tokens
+    from ortfuse.custom_ops.native.callbacks import IR_CALLBACKS, NUMBA_CALLBACKS
+    from ortfuse.custom_ops.native.records import OpRecord
+    from ortfuse.custom_ops.registration import native_op_table
+
+    tokens = Tokens()
+    symbol = {u.fn: u.symbol for u in all_units}
+    callbacks = {field: tokens.get(spec[0]).address for field, spec in IR_CALLBACKS.items()}
+    callbacks.update({field: tokens.get(symbol[fn]).address for field, (fn, _sig) in NUMBA_CALLBACKS.items()})
+    pool = tokens.get(POOL_SYMBOL).address
+    records = []
+    for i, op in enumerate(native_op_table().values()):
+        worker = tokens.get(symbol[op.worker]) if op.worker is not None else None
+        records.append(OpRecord(op, i + 1, pool, callbacks, tokens.get(symbol[op.compute]), worker))
+    return records, tokens
+
+
+def _run_workers(shares, isa: str, workdir: str) -> list[str]:
+    procs, outs = [], []
+    for k, share in enumerate(shares):
+        out = os.path.join(workdir, f"part{k}.o")
+        cmd = [sys.executable, "-m", "ortfuse.custom_ops.aot.build", "--worker", json.dumps(share),
+               "--isa", isa, "--out", out]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs.append(out)
+    errors = []
+    for p in procs:
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            errors.append((stderr or stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"])
+        else:
+            bad = [s for s in json.loads(stdout.strip().splitlines()[-1]) if not ALLOWED_UNDEFINED.match(s)]
+            if bad:
+                errors.append([f"the kernels need symbols no plain process has: {', '.join(bad[:5])}"])
+    if errors:
+        raise RuntimeError("compiling the kernels failed: " + "; ".join(e[0] for e in errors))
+    return outs
+
+
+def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
+    """Build the library at ``out_path``; returns what was built (ops, seconds per step)."""
+    from ortfuse.custom_ops.aot.glue import c_source
+    from ortfuse.custom_ops.aot.toolchain import link_shared
+    from ortfuse.custom_ops.native.callbacks import IR_CALLBACKS
+    from ortfuse.custom_ops.native.threads import DEFAULT_PARALLEL_MIN
+    from ortfuse.custom_ops.specs import DOMAIN
+
+    t0 = time.perf_counter()
+    all_units = units()
+    records, tokens = _records(all_units)
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ortfuse-aot-") as workdir:
+        objects = _run_workers(_shares(all_units, jobs), isa, workdir)
+        t1 = time.perf_counter()
+        source = c_source(records, tokens, IR_CALLBACKS, [u.symbol for u in all_units], key=key, isa=isa,
+                          domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN)
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            link_shared(source, objects, tmp, workdir)
+            lib = ctypes.CDLL(tmp)  # loads: every symbol resolved
+            lib.ortfuse_aot_count.restype = ctypes.c_int64
+            if lib.ortfuse_aot_count() != len(records):
+                raise RuntimeError("the linked library lists the wrong number of ops")
+            os.replace(tmp, out_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return {"ops": [r.op_def.name for r in records], "compile_s": round(t1 - t0, 1),
+            "link_s": round(time.perf_counter() - t1, 1), "isa": isa}
+
+
+def _worker(share: list[int], isa: str, out: str) -> None:
+    from ortfuse.custom_ops.aot.objects import build_object
+    from ortfuse.kernels.isa import numba_env
+
+    env = numba_env(isa)
+    all_units = units()
+    undefined = build_object([all_units[i] for i in share], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
+    print(json.dumps(undefined))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ortfuse.custom_ops.aot.build", description=__doc__.splitlines()[0])
+    ap.add_argument("--isa", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--key", default="")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        _worker(json.loads(args.worker), args.isa, args.out)
+        return 0
+    print(json.dumps(build(args.out, args.isa, args.key, args.jobs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
