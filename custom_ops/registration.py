@@ -127,17 +127,20 @@ _warned: list = []
 
 
 def _warn_no_library() -> None:
-    """Once per process: the native kernels compile in-process because the ops library is missing."""
-    from ortfuse.custom_ops.aot.library import disabled, loaded
+    """Once per process: the native kernels compile in-process because the ops library is missing
+    (its build starts in the background)."""
+    from ortfuse.custom_ops.aot.library import build_in_background, disabled, loaded
 
     if _warned or disabled() or loaded() is not None:
         return
     _warned.append(True)
     import logging
 
+    started = build_in_background()
     logging.getLogger("ortfuse.native").warning(
-        "ortfuse: no ops library for this machine yet; compiling kernels in this process with numba "
-        "(build the library once with `ortfuse ops-library`)")
+        "ortfuse: no native ops library for this machine yet; compiling kernels in this process with numba%s",
+        " (building the library in the background for later processes)" if started else
+        " (build it once with `ortfuse ops-library`)")
 
 
 def native_unavailable_reason(op_names=()) -> str | None:

@@ -7,11 +7,11 @@ ortfuse, onnxruntime, numba and llvmlite. A changed kernel or upgrade gives a ne
 is never loaded. ``ORTFUSE_OPS_LIBRARY``: ``off`` never uses a library (the in-process numba path
 runs); a path uses that file.
 
-``library_path(build=True)`` builds a missing library in a child process (``aot.build``: numba
-compiles every native op for the level, a C toolchain links them), one build at a time per file
-(a lock file), and returns its path; ``loaded()`` returns the library already on disk, loaded once per
-process, or None (it never builds: the native runtime then compiles in-process as before, and says
-why once).
+``library_path(build_missing=True)`` builds a missing library in a child process (``aot.build``:
+numba compiles every native op for the level, a C toolchain links them), one build at a time per
+file (a lock file), and returns its path; ``loaded()`` returns the library already on disk, loaded
+once per process, or None (it never builds: the native runtime then compiles in-process as before,
+says so once, and ``build_in_background`` starts the build for the next processes).
 """
 
 from __future__ import annotations
@@ -165,6 +165,24 @@ def library_path(build_missing: bool = True) -> Path:
             log.info("ortfuse: built the ops library %s (%d ops, %.0f s)", path, len(summary["ops"]),
                      time.perf_counter() - t0)
     return path
+
+
+def build_in_background() -> bool:
+    """Start building this machine's library in a detached child process at the lowest CPU priority
+    (``python -m ortfuse ops-library``), so that later processes load it; this process keeps
+    compiling in-process. Not when a library path is configured or the library is disabled. True
+    when a build was started."""
+    if os.environ.get(ENV, "").strip() or _state.get("background"):
+        return False
+    _state["background"] = True
+    try:
+        subprocess.Popen([sys.executable, "-m", "ortfuse", "ops-library"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         preexec_fn=lambda: os.nice(19))  # noqa: PLW1509 - only nice() runs in the child
+    except OSError as exc:
+        log.info("ortfuse: could not start building the ops library: %s", exc)
+        return False
+    return True
 
 
 def loaded() -> OpsLibrary | None:

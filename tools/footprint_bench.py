@@ -1,0 +1,117 @@
+"""What a fused process costs beside stock ORT: import + session creation time and peak RSS of fresh
+processes, and whether numba or llvmlite were imported (issue #19's table).
+
+Usage::
+
+    python tools/footprint_bench.py [--models db_text_detector,minilm_encoder,yolov8n] [--rounds 5]
+                                    [--threads 2] [--json benchmarks/results/]
+
+Per model: one priming process fills the plan cache (``fusion=True``), then ``--rounds`` rounds of
+fresh processes in the order stock, fused, fused, stock (DESIGN of the house: A B B A), each timing
+``import`` + ``InferenceSession(...)`` + one run, and reading its peak RSS (``ru_maxrss``). Reported:
+medians, the fused/stock ratio of the medians, the fused-minus-stock RSS, and the modules loaded.
+Plan caches live in a temporary ``ORTFUSE_CACHE_DIR``; the ops library is the machine's (``ortfuse
+ops-library``), named with ``ORTFUSE_OPS_LIBRARY`` so the temporary cache does not hide it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+_CHILD = r"""
+import sys, time, resource
+t0 = time.perf_counter()
+fused = sys.argv[2] == "fused"
+if fused:
+    import ortfuse as ort
+else:
+    import onnxruntime as ort
+import numpy as np
+so = ort.SessionOptions()
+if int(sys.argv[3]):
+    so.intra_op_num_threads = int(sys.argv[3])
+kw = {"fusion": True} if fused else {}
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"], **kw)
+t1 = time.perf_counter()
+feeds = {}
+for i in s.get_inputs():
+    shape = [d if isinstance(d, int) else 1 for d in i.shape]
+    feeds[i.name] = np.zeros(shape, np.int64) if "int64" in i.type else np.zeros(shape, np.float32)
+s.run(None, feeds)
+print("RESULT", t1 - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      int("numba" in sys.modules), int("llvmlite" in sys.modules))
+"""
+
+
+def _child(path: str, kind: str, threads: int, env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", _CHILD, path, kind, str(threads)], capture_output=True, text=True,
+                          env=env, timeout=600, check=False)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{kind} process failed: {(done.stderr or done.stdout).strip()[-500:]}")
+    _, secs, rss, numba, llvm = line.split()
+    return {"seconds": float(secs), "rss_mb": float(rss), "numba": bool(int(numba)), "llvmlite": bool(int(llvm))}
+
+
+def measure(model: str, rounds: int, threads: int, env: dict) -> dict:
+    import models
+
+    path = str(models.build(model))
+    _child(path, "fused", threads, env)  # priming: plans and caches
+    runs: dict[str, list] = {"stock": [], "fused": []}
+    for _ in range(rounds):
+        for kind in ("stock", "fused", "fused", "stock"):
+            runs[kind].append(_child(path, kind, threads, env))
+    med = {k: {"seconds": statistics.median(r["seconds"] for r in v), "rss_mb": statistics.median(r["rss_mb"] for r in v)}
+           for k, v in runs.items()}
+    return {"model": model, "median": med,
+            "creation_ratio": med["fused"]["seconds"] / med["stock"]["seconds"],
+            "rss_extra_mb": med["fused"]["rss_mb"] - med["stock"]["rss_mb"],
+            "fused_numba_loaded": any(r["numba"] for r in runs["fused"]),
+            "fused_llvmlite_loaded": any(r["llvmlite"] for r in runs["fused"]), "raw": runs}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="db_text_detector,minilm_encoder,yolov8n")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", help="write the results (a folder: footprint_bench-<models>-<date>.json)")
+    args = ap.parse_args(argv)
+    from ortfuse.custom_ops.aot.library import library_path
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "ORTFUSE_CACHE_DIR": cache, "ORTFUSE_OPS_LIBRARY": str(library_path())}
+        env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "ortfuse" / "numba"))
+        results = []
+        for model in [m for m in args.models.split(",") if m]:
+            r = measure(model, args.rounds, args.threads, env)
+            results.append(r)
+            m = r["median"]
+            print(f"{model:20s} stock {m['stock']['seconds']:.3f} s {m['stock']['rss_mb']:.0f} MB | fused "
+                  f"{m['fused']['seconds']:.3f} s {m['fused']['rss_mb']:.0f} MB | ratio {r['creation_ratio']:.2f}, "
+                  f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, llvmlite {r['fused_llvmlite_loaded']}")
+    if args.json:
+        out = Path(args.json)
+        if out.is_dir() or args.json.endswith("/"):
+            out.mkdir(parents=True, exist_ok=True)
+            out = out / f"footprint_bench-{'+'.join(r['model'] for r in results)}-{datetime.date.today()}.json"
+        out.write_text(json.dumps({"tool": "footprint_bench", "settings": vars(args), "results": results}, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
