@@ -74,7 +74,7 @@ def measure(model: str, rounds: int, threads: int, env: dict) -> dict:
     for _ in range(rounds):
         for kind in ("stock", "fused", "fused", "stock"):
             runs[kind].append(_child(path, kind, threads, env))
-    med = {k: {"seconds": statistics.median(r["seconds"] for r in v), "rss_mb": statistics.median(r["rss_mb"] for r in v)}
+    med = {k: {field: statistics.median(r[field] for r in v) for field in ("seconds", "rss_mb")}
            for k, v in runs.items()}
     return {"model": model, "median": med,
             "creation_ratio": med["fused"]["seconds"] / med["stock"]["seconds"],
@@ -102,7 +102,8 @@ def main(argv=None) -> int:
             m = r["median"]
             print(f"{model:20s} stock {m['stock']['seconds']:.3f} s {m['stock']['rss_mb']:.0f} MB | fused "
                   f"{m['fused']['seconds']:.3f} s {m['fused']['rss_mb']:.0f} MB | ratio {r['creation_ratio']:.2f}, "
-                  f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, llvmlite {r['fused_llvmlite_loaded']}")
+                  f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, "
+                  f"llvmlite {r['fused_llvmlite_loaded']}")
     if args.json:
         out = Path(args.json)
         if out.is_dir() or args.json.endswith("/"):
