@@ -49,7 +49,7 @@ def test_library_holds_every_native_op_for_this_level(lib_path):
     assert all(addr != 0 for addr in lib.ops.values())
 
 
-def test_plain_onnxruntime_runs_a_fused_model_with_only_the_library(tmp_path, lib_path):
+def test_plain_onnxruntime_runs_a_fused_model_with_only_the_library(tmp_path, lib_path, capsys):
     """ortfuse-annotate --all --rewrite, then a process that imports only onnxruntime and numpy."""
     import models
 
@@ -58,6 +58,7 @@ def test_plain_onnxruntime_runs_a_fused_model_with_only_the_library(tmp_path, li
     from ortfuse.cli import annotate_main
 
     assert annotate_main([str(original), "--all", "--rewrite", "-o", str(fused)]) == 0
+    assert "any ORT host runs it with the native ops library registered" in capsys.readouterr().out
     custom = {n.op_type for n in onnx.load(str(fused)).graph.node if n.domain == DOMAIN}
     assert custom and custom <= native_op_types()  # native kernels only: nothing needs Python
     proc = _python(f"""

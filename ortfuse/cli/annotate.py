@@ -2,7 +2,9 @@
 
 Without ``--rewrite`` only metadata is written and the graph is untouched, so the model still runs
 on stock ORT; ``ortfuse.InferenceSession`` fuses it at load time. With ``--rewrite`` the fused graph
-is saved (it needs ortfuse to run). Either way it prints what the rewriter found.
+is saved: it runs in ortfuse, or in any ORT host that registers the native ops library (``ortfuse
+ops-library``; docs/ARCHITECTURE.md §6b) when every fused op has a native kernel (the command says
+which case it wrote). Either way it prints what the rewriter found.
 """
 
 from __future__ import annotations
@@ -108,4 +110,22 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(report.to_json())
     what = " (fused graph)" if args.rewrite and report.applied else " (metadata only)"
     print(f"wrote {out_path}" + (" (metadata with the measured auto decisions)" if args.tune else what))
+    if args.rewrite and report.applied:
+        print(_host_note(result))
     return 0
+
+
+def _host_note(fused) -> str:
+    """Where the fused graph runs: any ORT host with the ops library, or only ortfuse (reference ops)."""
+    from ortfuse.custom_ops.registration import native_op_types
+    from ortfuse.custom_ops.specs import DOMAIN
+
+    custom = {n.op_type for n in fused.graph.node if n.domain == DOMAIN}
+    if not custom:
+        return "it uses ORT's own ops only: any ORT host runs it"
+    python_only = sorted(custom - native_op_types())
+    if python_only:
+        return (f"it needs ortfuse to run ({', '.join(python_only)} have no native kernel here); with the "
+                "native path available, rewrite again for a model any ORT host runs")
+    return ("any ORT host runs it with the native ops library registered: "
+            "SessionOptions.register_custom_ops_library(<path printed by `ortfuse ops-library`>)")
