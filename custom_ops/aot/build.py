@@ -5,8 +5,8 @@ numba cache (``NUMBA_CACHE_DIR``): ``library.build`` starts it so. Steps (docs/A
 
 1. the units: every native op's compute and worker (``registration.native_op_table``) and the shared
    callbacks of ``native.callbacks.NUMBA_CALLBACKS``, each with a C symbol;
-2. objects: the units split over up to ``--jobs`` worker processes (this same module with
-   ``--worker``), each compiling its share with ``objects.build_object`` for the level's CPU;
+2. objects: one per unit, compiled by ``--jobs`` worker processes (``objects.build_object`` for the
+   level's CPU), each taking the next unit when done;
 3. glue: the records of every op, built by ``native.records.OpRecord`` with tokens for the
    functions, as C (``glue.c_source``);
 4. link (``toolchain.link_shared``) into a temporary file, checked by loading it, then renamed over
@@ -20,7 +20,6 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,17 +53,6 @@ def units():
     return list(found.values())
 
 
-def _shares(all_units, jobs: int) -> list[list[int]]:
-    """Unit indices per worker, families kept together (they share callees), balanced by count."""
-    by_module: dict[str, list[int]] = {}
-    for i, u in enumerate(all_units):
-        by_module.setdefault(u.fn.__module__, []).append(i)
-    shares: list[list[int]] = [[] for _ in range(max(1, jobs))]
-    for group in sorted(by_module.values(), key=len, reverse=True):
-        min(shares, key=len).extend(group)
-    return [s for s in shares if s]
-
-
 def _records(all_units):
     """The OpRecords of every op, with tokens for functions and the pool; and the tokens."""
     from ortfuse.custom_ops.aot.glue import POOL_SYMBOL, Tokens
@@ -84,25 +72,29 @@ def _records(all_units):
     return records, tokens
 
 
-def _run_workers(shares, isa: str, workdir: str) -> list[str]:
-    procs, outs = [], []
-    for k, share in enumerate(shares):
-        out = os.path.join(workdir, f"part{k}.o")
-        cmd = [sys.executable, "-m", "ortfuse.custom_ops.aot.build", "--worker", json.dumps(share),
-               "--isa", isa, "--out", out]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outs.append(out)
-    errors = []
-    for p in procs:
-        stdout, stderr = p.communicate()
-        if p.returncode != 0:
-            errors.append((stderr or stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"])
-        else:
-            bad = [s for s in json.loads(stdout.strip().splitlines()[-1]) if not ALLOWED_UNDEFINED.match(s)]
-            if bad:
-                errors.append([f"the kernels need symbols no plain process has: {', '.join(bad[:5])}"])
-    if errors:
-        raise RuntimeError("compiling the kernels failed: " + "; ".join(e[0] for e in errors))
+def _compile_unit(job: tuple[int, str, str]) -> list[str]:
+    """In a worker process: unit ``index`` into the object file ``out``; returns its undefined symbols."""
+    from ortfuse.custom_ops.aot.objects import build_object
+    from ortfuse.kernels.isa import numba_env
+
+    index, isa, out = job
+    env = numba_env(isa)
+    return build_object([units()[index]], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
+
+
+def _compile_all(n_units: int, isa: str, workdir: str, jobs: int) -> list[str]:
+    """One object per unit, compiled by ``jobs`` worker processes that each take the next unit when
+    done (the units' compile times differ by 100x, so a fixed split would leave a worker idle)."""
+    import multiprocessing
+
+    outs = [os.path.join(workdir, f"unit{i}.o") for i in range(n_units)]
+    jobs_list = [(i, isa, outs[i]) for i in range(n_units)]
+    with multiprocessing.get_context("spawn").Pool(max(1, min(jobs, n_units))) as pool:
+        undefined = set().union(*pool.imap_unordered(_compile_unit, jobs_list, chunksize=1))
+    bad = sorted(s for s in undefined if not ALLOWED_UNDEFINED.match(s))
+    if bad:
+        raise RuntimeError("compiling the kernels failed: they need symbols no plain process has: "
+                           + ", ".join(bad[:5]))
     return outs
 
 
@@ -120,7 +112,7 @@ def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortfuse-aot-") as workdir:
-        objects = _run_workers(_shares(all_units, jobs), isa, workdir)
+        objects = _compile_all(len(all_units), isa, workdir, jobs)
         t1 = time.perf_counter()
         source = c_source(records, tokens, IR_CALLBACKS, [u.symbol for u in all_units], key=key, isa=isa,
                           domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN)
@@ -140,27 +132,13 @@ def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
             "link_s": round(time.perf_counter() - t1, 1), "isa": isa}
 
 
-def _worker(share: list[int], isa: str, out: str) -> None:
-    from ortfuse.custom_ops.aot.objects import build_object
-    from ortfuse.kernels.isa import numba_env
-
-    env = numba_env(isa)
-    all_units = units()
-    undefined = build_object([all_units[i] for i in share], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
-    print(json.dumps(undefined))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ortfuse.custom_ops.aot.build", description=__doc__.splitlines()[0])
     ap.add_argument("--isa", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker is not None:
-        _worker(json.loads(args.worker), args.isa, args.out)
-        return 0
     print(json.dumps(build(args.out, args.isa, args.key, args.jobs)))
     return 0
 
