@@ -55,6 +55,14 @@ def native_op_table() -> dict[str, NativeOpDef]:
         return {**_discovered, **_added}
 
 
+def family_op_names() -> frozenset[str]:
+    """The op types the native op families declare (without ops added by ``add_native_op``): what
+    the ahead-of-time ops library holds."""
+    native_op_table()
+    with _lock:
+        return frozenset(_discovered)
+
+
 def add_native_op(op: NativeOpDef) -> None:
     """Make ``op`` a native op of this process beside the families' (tests add probe ops this way);
     ``register_native`` then registers it like any other. A name the families use is refused."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterable
 
 from ortfuse.custom_ops.native.availability import add_external_custom_op, unavailable_reason
 from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.native.pool import POOL, init_settings
+from ortfuse.custom_ops.native.pool import DEFAULT_PARALLEL_MIN, POOL, set_threading
 
 log = logging.getLogger("ortfuse.native")
 
@@ -32,6 +33,25 @@ def _python_op_names() -> set[str]:
     if Opdef is None:
         return set()
     return {getattr(op, "op_type", "") for op in list(getattr(Opdef, "_odlist", {}).values())}
+
+
+def init_settings() -> None:
+    """The threading settings of $ORTFUSE_THREADING and $ORTFUSE_PARALLEL_MIN (else "ort" and
+    ``DEFAULT_PARALLEL_MIN``), set when the first native op is registered. The numba mode imports
+    numba (``threads.set_threading``); the others do not."""
+    env_mode = os.environ.get("ORTFUSE_THREADING", "ort").strip().lower() or "ort"
+    env_min = os.environ.get("ORTFUSE_PARALLEL_MIN", "").strip()
+    try:
+        par_min = int(env_min) if env_min else DEFAULT_PARALLEL_MIN
+        if env_mode == "numba":
+            from ortfuse.custom_ops.native.threads import set_threading as set_numba_threading
+
+            set_numba_threading(env_mode, par_min)
+        else:
+            set_threading(env_mode, par_min)
+    except (ValueError, RuntimeError) as exc:
+        log.warning("ortfuse: %s; using ORT's thread pool", exc)
+        set_threading("ort", DEFAULT_PARALLEL_MIN)
 
 
 def ensure_from_library(names: Iterable[str]) -> bool:

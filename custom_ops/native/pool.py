@@ -10,8 +10,6 @@ every run (docs/ARCHITECTURE.md §6).
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
 import threading
 
 from ortfuse.custom_ops.native.layout import (
@@ -27,8 +25,6 @@ from ortfuse.custom_ops.native.layout import (
     POOL_WORDS,
     THREADING_MODES,
 )
-
-log = logging.getLogger("ortfuse.native")
 
 DEFAULT_PARALLEL_MIN = 1 << 16
 _lock = threading.RLock()
@@ -46,8 +42,8 @@ def set_threading(mode: str | None = None, parallel_min: int | None = None) -> t
     """Choose how kernels use threads; takes effect on the next run of any session.
 
     mode: "ort" (blocks on ORT's intra-op pool via KernelContext_ParallelFor; the default),
-    "numba" (numba's parallel layer, OpenMP preferred; refused for layers that abort on concurrent
-    use; imports numba) or "serial". parallel_min: element count from which a kernel splits work
+    "numba" (numba's parallel layer: only once ``threads.set_threading`` has set it up, which
+    imports numba) or "serial". parallel_min: element count from which a kernel splits work
     (negative: never). None keeps the current value (initially $ORTFUSE_THREADING and
     $ORTFUSE_PARALLEL_MIN, else "ort" and DEFAULT_PARALLEL_MIN). Returns the (mode, parallel_min) in force.
     """
@@ -55,10 +51,9 @@ def set_threading(mode: str | None = None, parallel_min: int | None = None) -> t
         if mode is not None:
             if mode not in THREADING_MODES:
                 raise ValueError(f"threading mode must be one of {sorted(THREADING_MODES)}, got {mode!r}")
-            if mode == "numba":
-                from ortfuse.custom_ops.native.threads import numba_par_for_address
-
-                POOL[P_PAR_FOR] = numba_par_for_address()
+            if mode == "numba" and POOL[P_PAR_FOR] == 0:
+                raise RuntimeError("numba's threads are not set up in this process: choose the numba mode "
+                                   "with ortfuse.custom_ops.native.threads.set_threading")
             POOL[P_THREADING] = THREADING_MODES[mode]
         if parallel_min is not None:
             POOL[P_PAR_MIN] = int(parallel_min)
@@ -68,17 +63,6 @@ def set_threading(mode: str | None = None, parallel_min: int | None = None) -> t
 
 def threading_settings() -> tuple[str, int]:
     return set_threading()
-
-
-def init_settings() -> None:
-    """The settings of $ORTFUSE_THREADING and $ORTFUSE_PARALLEL_MIN (else "ort" and DEFAULT_PARALLEL_MIN)."""
-    env_mode = os.environ.get("ORTFUSE_THREADING", "ort").strip().lower() or "ort"
-    env_min = os.environ.get("ORTFUSE_PARALLEL_MIN", "").strip()
-    try:
-        set_threading(env_mode, int(env_min) if env_min else DEFAULT_PARALLEL_MIN)
-    except (ValueError, RuntimeError) as exc:
-        log.warning("ortfuse: %s; using ORT's thread pool", exc)
-        set_threading("ort", DEFAULT_PARALLEL_MIN)
 
 
 def slot_stats() -> dict[str, int]:

@@ -11,6 +11,7 @@ import threading
 from numba import cfunc, njit, prange, types
 
 from ortfuse.custom_ops.intrinsics import icall2_void, icall3_void, load_i64
+from ortfuse.custom_ops.native import pool
 from ortfuse.custom_ops.native.layout import (
     EXT,
     EXT_WORKER,
@@ -22,12 +23,7 @@ from ortfuse.custom_ops.native.layout import (
     THREADS_NUMBA,
     THREADS_ORT,
 )
-from ortfuse.custom_ops.native.pool import (  # noqa: F401 - the settings live with the pool (re-exported)
-    DEFAULT_PARALLEL_MIN,
-    init_settings,
-    set_threading,
-    threading_settings,
-)
+from ortfuse.custom_ops.native.pool import DEFAULT_PARALLEL_MIN, POOL, threading_settings  # noqa: F401 - re-exported
 from ortfuse.custom_ops.numba_setup import configure_numba
 from ortfuse.custom_ops.ort_api import context_parallel_for
 
@@ -106,3 +102,11 @@ def _launch_numba_threads() -> None:
     from numba.np.ufunc import parallel
 
     parallel._launch_threads()
+
+
+def set_threading(mode: str | None = None, parallel_min: int | None = None) -> tuple[str, int]:
+    """``pool.set_threading``, which this sets up first for mode "numba" (compiling the cfunc that
+    runs blocks on numba's threads; RuntimeError when numba's layer may abort on concurrent use)."""
+    if mode == "numba":
+        POOL[P_PAR_FOR] = numba_par_for_address()
+    return pool.set_threading(mode, parallel_min)
