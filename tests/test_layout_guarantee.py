@@ -84,3 +84,31 @@ def test_conv_hardswish_becomes_one_blocked_conv_where_orts_own_fusion_leaves_on
     ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
     got = ortfuse.InferenceSession(fused.SerializeToString()).run(None, {"x": x})[0]
     assert float(np.abs(got - ref).max()) <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CNNS)
+def test_the_planned_layout_never_adds_reorders_and_keeps_the_outputs(name):
+    """The layout step (what a fused session loads at ORT_ENABLE_ALL) holds at most the reorders ORT
+    left in the fused model, and its note names the count before and after; outputs as above."""
+    from ortfuse.fusion.provenance import native_op_types
+    from ortfuse.layout import blocked_scale, planner
+    from ortfuse.runtime.op_registration import with_custom_ops
+
+    model = onnx.load(str(models.build(name)))
+    fused, report = ortfuse.fuse(model)
+    native = frozenset(native_op_types(fused))
+    layout, why_not = planner.plan_layout(model, fused, None, native, report.disabled_ort_optimizers)
+    if layout is None:
+        assert why_not.startswith("layout: "), why_not
+        return
+    before, after = (int(v) for v in layout.note.split("reorders ", 1)[1].split(" (")[0].split(" -> "))
+    assert after == blocked_scale.reorder_count(layout.model.graph) <= before, layout.note
+    feeds = models.sample_inputs(name)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, feeds)
+    so, _ = with_custom_ops(onnxruntime.SessionOptions(), native | layout.native_ops, python_ops=False)
+    got = onnxruntime.InferenceSession(layout.model.SerializeToString(), so).run(None, feeds)
+    for g, r in zip(got, ref):
+        assert float(np.abs(g - r).max()) <= 1e-4 * max(1.0, float(np.abs(r).max()))

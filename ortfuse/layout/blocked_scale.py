@@ -32,7 +32,7 @@ def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> bool:
 
 
 def _plain_reorder(node: onnx.NodeProto | None, op_type: str) -> bool:
-    return _is(node, op_type, NCHWC) and not attr(node, "channels_last", 0)
+    return node is not None and _is(node, op_type, NCHWC) and not attr(node, "channels_last", 0)
 
 
 def reorder_count(graph: onnx.GraphProto) -> int:

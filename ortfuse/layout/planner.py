@@ -1,12 +1,15 @@
 """The layout step of a plan: the fused model optimized by ORT itself (ORT_ENABLE_ALL, its NCHWc
 transformer blocking the convolutional regions), then the ops ORT left between reorder pairs run
-blocked by ortfuse (``blocked_scale``). The graph ORT writes is what the session loads; reloading it
-at any optimization level gives the same graph, and it holds for this machine only (the block size
-is this CPU's), as every plan does (the plan cache is keyed by the CPU).
+blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions of layout-agnostic
+ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize). The graph ORT writes is
+what the session loads; reloading it at any optimization level gives the same graph, and it holds
+for this machine only (the block size is this CPU's), as every plan does (the plan cache is keyed
+by the CPU).
 
 ``plan_layout`` returns None with the reason whenever the step does not apply or does not help: ORT
 blocks nothing here, the session does not optimize at ORT_ENABLE_ALL, the fused model holds
-reference (Python-op) kernels or is too large to round-trip, or no op was moved onto blocks.
+reference (Python-op) kernels or is too large to round-trip, it has no op the step could move (then
+ORT is not asked to optimize it), or no op was moved onto blocks.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale
+from ortfuse.layout import blocked_scale, regions
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -51,8 +54,8 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     if (sess_options.graph_optimization_level if sess_options is not None else every) != every:
         return None, "layout: the session does not run ORT's layout optimizations (ORT_ENABLE_ALL)"
     ops = {n.op_type for n in fused.graph.node}
-    if not ({"Conv", "FusedConv"} & ops and "Mul" in ops):  # no conv region with a scale: nothing to plan
-        return None, "layout: no convolution with a channel scale to run blocked"
+    if not {"Conv", "FusedConv"} & ops:  # no conv region: nothing to plan
+        return None, "layout: no convolution to run blocked"
     block = block_size()
     if not block:
         return None, "layout: ORT has no NCHWc blocked kernels on this CPU"
@@ -60,8 +63,10 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     if len(data) > MAX_BYTES:
         return None, "layout: the model is too large to optimize twice"
     shape = GraphIndex(original).shape  # dims from ONNX shape inference, as the matchers see them
-    if not any(blocked_scale.scale_shapes(n, shape) for n in fused.graph.node if n.op_type == "Mul"):
-        return None, "layout: no channel scale (x [N, C, H, W] * s [N, C, 1, 1]) to run blocked"
+    if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else regions.may_move(n)
+               for n in fused.graph.node):
+        return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
+                      "native elementwise op, Split, Concat, Resize)")
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         so.log_severity_level = 3
@@ -77,9 +82,17 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
             return None, f"layout: ORT could not optimize the fused model ({type(exc).__name__})"
     before = blocked_scale.reorder_count(optimized.graph)
     moved = blocked_scale.block_channel_scales(optimized.graph, shape, block)
-    if not moved:
-        return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT)"
+    try:  # the graph is changed only when the rewrite of the regions is complete
+        grown, failed = regions.run_blocked_regions(optimized.graph, shape, block), ""
+    except Exception as exc:  # never worse than the plan without regions
+        grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
+    if not moved and not grown.regions:
+        return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT){failed}"
     after = blocked_scale.reorder_count(optimized.graph)
-    note = (f"layout: NCHWc blocks of {block}; {moved} squeeze-excite scale(s) run blocked "
-            f"({blocked_scale.OP}); reorders {before} -> {after}")
-    return Layout(optimized, frozenset({blocked_scale.OP}), note), ""
+    done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
+    done += [grown.summary()] if grown.regions else []
+    left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(optimized.graph).items()))
+    note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {before} -> {after}"
+            + (f" (left where a region meets {left})" if left else "") + failed)
+    native = frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
+    return Layout(optimized, native, note), ""

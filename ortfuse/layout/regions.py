@@ -1,0 +1,429 @@
+"""Blocked regions: ops ORT left between reorder pairs, run on the NCHWc blocked tensors themselves,
+in the graph ORT optimized (docs/ARCHITECTURE.md §9).
+
+ORT's NCHWc transformer blocks the convolutions and a few ops beside them; every other op reading a
+blocked tensor gets a ``ReorderOutput`` before it and a ``ReorderInput`` after it. Many such ops do
+not care about the layout, provided every channel count involved is a multiple of the block ``b``
+(then the blocked tensor of logical shape [N, C, H, W] holds exactly N*C*H*W values, memory
+[N, C/b, H, W, b], and no padded lane exists):
+
+    # ReorderOutput(Xb) -> x, op(x, ...) -> y, ReorderInput(y) -> Yb   ->   op(Xb, ...) -> Yb
+
+* elementwise ops, ortfuse's native ones and ONNX's (one output element from the same element of
+  each input): every input has the output's shape or one element;
+* ``Concat`` and ``Split`` on the channel axis: on [N, C, H, W] with memory [N, C/b, H, W, b] they
+  are the same copy of per-image runs of C*H*W values, whatever the layout;
+* ``Resize`` (nearest, asymmetric, floor, constant integer scales on H and W) becomes ORT's blocked
+  ``com.microsoft.nchwc:Upsample``, which ORT's own transformer makes of such a Resize.
+
+Ops that qualify are grouped into regions (connected through the tensors they share, a reorder's
+output read by several of them included); a region is rewritten only when it removes more reorders
+than it adds (a ``ReorderOutput`` for each of its outputs that a plain op or the graph still reads).
+``shape`` gives a tensor's dims in the graph before ORT optimized it (tensors around reorders keep
+their names). The graph is rewritten in place and left in topological order.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper, numpy_helper
+
+from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
+from ortfuse.fusion.rulekit.checks import attr
+
+NCHWC = "com.microsoft.nchwc"
+CHAIN, BLOCKED_CHAIN = "FusedEltwiseChain", "FusedEltwiseChainBlocked"
+# one output element from the same element of every input (numpy broadcasting), float32 in and out
+ELEMENTWISE = frozenset(
+    {("", op) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Relu", "Sigmoid", "Tanh", "Clip",
+                         "HardSigmoid", "HardSwish", "LeakyRelu", "Neg", "Abs", "Exp", "Softplus", "Erf", "Sqrt",
+                         "Elu", "Selu", "Identity")}
+    | {("com.microsoft", "QuickGelu")}
+    | {(DOMAIN, op) for op in ("FusedSiLU", "FusedHardSwish", "FusedMish", "FusedAddRelu")}
+    | {(DOMAIN, f"FusedEltwiseChain{k}") for k in range(MAX_CHAIN_OPERANDS + 1)}
+)
+
+
+@dataclass
+class RegionResult:
+    regions: int = 0  # regions rewritten
+    native_ops: set = field(default_factory=set)  # ortfuse's blocked ops the regions added
+    moved: collections.Counter = field(default_factory=collections.Counter)  # op type -> count run blocked
+    kept: int = 0  # regions left as ORT made them (they would not remove reorders)
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(self.moved.items(), key=lambda kv: (-kv[1], kv[0])))
+        return f"{self.regions} region(s) of ops run blocked ({ops})" if self.regions else ""
+
+
+def may_move(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` (in the fused model, before ORT optimizes it) is of a type a region may run
+    blocked and ORT's own NCHWc transformer does not: ortfuse's elementwise ops, Split, Concat, Resize.
+    A cheap test that spares models with none of them an extra optimization by ORT."""
+    key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+    return (key[0] == DOMAIN and key in ELEMENTWISE) or key in {("", "Split"), ("", "Concat"), ("", "Resize")}
+
+
+def _is_plain_reorder(node: onnx.NodeProto, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain == NCHWC and not attr(node, "channels_last", 0)
+
+
+def reorders_left(graph: onnx.GraphProto) -> collections.Counter:
+    """The plain op on the other side of each reorder left (its op type; 'graph input/output'): where
+    a region meets an op nothing runs blocked."""
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    left: collections.Counter = collections.Counter()
+    for n in graph.node:
+        if _is_plain_reorder(n, "ReorderInput"):
+            p = producer.get(n.input[0])
+            left[p.op_type if p is not None else "graph input"] += 1
+        elif _is_plain_reorder(n, "ReorderOutput"):
+            users = consumers[n.output[0]]
+            for u in sorted({u.op_type for u in users}) or []:
+                left[u] += 1
+            if n.output[0] in outputs:
+                left["graph output"] += 1
+    return left
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            if t:
+                consumers[t].append(n)
+    return consumers
+
+
+class _Graph:
+    """The graph's maps and the blocked twin of each plain tensor known so far."""
+
+    def __init__(self, graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int):
+        self.graph, self.shape, self.block = graph, shape, block
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.consumers = _consumers(graph)
+        self.inits = {t.name: t for t in graph.initializer}
+        self.outputs = {o.name for o in graph.output}
+        self.twin: dict[str, str] = {}  # plain tensor -> blocked tensor with the same values
+        self.channels: dict[str, int] = {}
+        self.known: dict[str, list] = {}  # dims of planned nodes' outputs
+        for n in graph.node:
+            if _is_plain_reorder(n, "ReorderOutput"):
+                c = attr(n, "channels")
+                if c is not None and int(c) % block == 0:
+                    self.twin[n.output[0]], self.channels[n.output[0]] = n.input[0], int(c)
+            elif _is_plain_reorder(n, "ReorderInput"):
+                c = self.dims(n.input[0])
+                if c is not None and c[1] % block == 0:
+                    self.twin.setdefault(n.input[0], n.output[0])
+                    self.channels[n.input[0]] = c[1]
+
+    def dims(self, name: str) -> list | None:
+        """Rank-4 dims with an int channel count and no unknown dim, else None: those a planned
+        node's inputs give its output, else those of ``shape``."""
+        s = self.known.get(name) or self.shape(name)
+        if not s or len(s) != 4 or not isinstance(s[1], int) or any(d is None for d in s):
+            return None
+        return list(s)
+
+    def scalar(self, name: str) -> bool:
+        if name in self.inits:
+            dims = self.inits[name].dims
+            return all(d == 1 for d in dims)
+        s = self.shape(name)
+        return s is not None and all(d == 1 for d in s)
+
+    def const(self, name: str):
+        return numpy_helper.to_array(self.inits[name]) if name in self.inits else None
+
+
+def _blocked_node(node: onnx.NodeProto, g: _Graph) -> tuple[onnx.NodeProto, list[tuple[str, list]]] | None:
+    """The node running ``node`` on blocked tensors and its plain outputs with their dims (derived
+    from the inputs'), or None where it cannot."""
+    key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+    if key in ELEMENTWISE:
+        return _elementwise(node, g)
+    if key == ("", "Concat"):
+        return _concat(node, g)
+    if key == ("", "Split"):
+        return _split(node, g)
+    if key == ("", "Resize"):
+        return _resize(node, g)
+    return None
+
+
+def _copy(node: onnx.NodeProto, inputs: list[str], op_type: str | None = None, domain: str | None = None,
+          attrs: dict | None = None) -> onnx.NodeProto:
+    new = helper.make_node(op_type or node.op_type, inputs, [f"{o}/blocked" if o else "" for o in node.output],
+                           name=f"{node.name or node.output[0]}/blocked",
+                           domain=node.domain if domain is None else domain, **(attrs or {}))
+    if attrs is None:
+        new.attribute.extend(node.attribute)
+    new.doc_string = f"ortfuse layout: {node.name or node.output[0]} on NCHWc blocks"
+    return new
+
+
+def _elementwise(node, g):
+    """Every input of one shape (a blocked twin) or one element; a chain's operands may also hold one
+    value per channel ([N or 1, C, 1, 1], [C, 1, 1]): it becomes ``FusedEltwiseChainBlocked``."""
+    if len(node.output) != 1:
+        return None
+    chain = node.domain == DOMAIN and node.op_type.startswith(CHAIN)
+    full = [g.dims(t) for t in node.input if t and t in g.twin]
+    out = full[0] if full else None
+    if out is None or out[1] % g.block:
+        return None
+    inputs, per_channel = [], False
+    for i, t in enumerate(node.input):
+        if t and t in g.twin and _same(g.dims(t), out):
+            inputs.append(g.twin[t])
+        elif not t or g.scalar(t):
+            inputs.append(t)
+        elif chain and i > 0 and _per_channel(g, t, out):
+            inputs.append(g.twin.get(t, t))  # [N, C, 1, 1]: the blocked and plain memory are the same
+            per_channel = True
+        else:
+            return None
+    if per_channel:  # the blocked chain kernel walks X: it must have the output's shape
+        if node.input[0] not in g.twin or not _same(g.dims(node.input[0]), out):
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs["block"] = g.block
+        return _copy(node, inputs, BLOCKED_CHAIN + node.op_type[len(CHAIN):], DOMAIN, attrs), [(node.output[0], out)]
+    return _copy(node, inputs), [(node.output[0], out)]
+
+
+def _same(a: list | None, b: list) -> bool:
+    """One [C, H, W] (same channel count, same H and W, each an int or one symbol). The batch may
+    differ: it is the outermost dim in both layouts, so its broadcast is the same on blocks."""
+    return a is not None and a[1:] == b[1:]
+
+
+def _per_channel(g: _Graph, name: str, out: list) -> bool:
+    s = list(g.inits[name].dims) if name in g.inits else g.shape(name)
+    if s is None:
+        return False
+    return (len(s) == 4 and s[1:] == [out[1], 1, 1]) or s == [out[1], 1, 1]
+
+
+def _channel_axis(node) -> bool:
+    return attr(node, "axis", 0) in (1, -3)
+
+
+def _concat(node, g):
+    dims = [g.dims(t) for t in node.input]
+    if not _channel_axis(node) or not dims or any(d is None for d in dims):
+        return None
+    first = dims[0]  # a valid Concat has one batch, H and W: only the channels need checking
+    for t, d in zip(node.input, dims):
+        if t not in g.twin or d[1] % g.block:
+            return None
+    out = [first[0], sum(d[1] for d in dims)] + first[2:]
+    return _copy(node, [g.twin[t] for t in node.input]), [(node.output[0], out)]
+
+
+def _split(node, g):
+    x = node.input[0]
+    d = g.dims(x)
+    if x not in g.twin or d is None or not _channel_axis(node) or not all(node.output):
+        return None
+    if len(node.input) > 1 and node.input[1]:
+        sizes = g.const(node.input[1])
+        if sizes is None:
+            return None
+        sizes = [int(s) for s in sizes.reshape(-1)]
+    elif attr(node, "split") is not None:
+        sizes = [int(s) for s in attr(node, "split")]
+    else:
+        if d[1] % len(node.output):
+            return None
+        sizes = [d[1] // len(node.output)] * len(node.output)
+    if len(sizes) != len(node.output) or sum(sizes) != d[1] or any(s % g.block for s in sizes):
+        return None
+    outs = [(o, [d[0], s] + d[2:]) for o, s in zip(node.output, sizes)]
+    return _copy(node, [g.twin[x]] + list(node.input[1:])), outs
+
+
+def _resize(node, g):
+    """Nearest, asymmetric, floor, constant integer scales on H and W: ORT's blocked Upsample."""
+    x = node.input[0]
+    d = g.dims(x)
+    if x not in g.twin or d is None or len(node.input) < 3 or (len(node.input) > 3 and node.input[3]):
+        return None
+    mode = attr(node, "mode", b"nearest")
+    ctm = attr(node, "coordinate_transformation_mode", b"half_pixel")
+    nearest = attr(node, "nearest_mode", b"round_prefer_floor")
+    if (mode, ctm, nearest) != (b"nearest", b"asymmetric", b"floor"):
+        return None
+    scales = g.const(node.input[2])
+    if scales is None or scales.shape != (4,):
+        return None
+    ints = [int(s) for s in scales]
+    if ints[:2] != [1, 1] or any(s < 1 or s != float(f) for s, f in zip(ints, scales)):
+        return None
+    out = d[:2] + [v * s if isinstance(v, int) else None for v, s in zip(d[2:], ints[2:])]
+    if None in out:
+        return None
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "scales": ints}
+    return _copy(node, [g.twin[x]], "Upsample", NCHWC, attrs), [(node.output[0], out)]
+
+
+def run_blocked_regions(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int) -> RegionResult:
+    """Rewrite every region that pays in ``graph`` (in place); returns what was done."""
+    g = _Graph(graph, shape, block)
+    planned: dict[int, tuple[onnx.NodeProto, list[str]]] = {}
+    for node in graph.node:  # topological: a node's blocked inputs are known when it is reached
+        made = _blocked_node(node, g)
+        if made is None:
+            continue
+        new, outs = made
+        planned[id(node)] = (new, [plain for plain, _ in outs])
+        for (plain, dims), blocked in zip(outs, new.output):
+            g.twin[plain], g.channels[plain], g.known[plain] = blocked, dims[1], dims
+    result = RegionResult()
+    if not planned:
+        return result
+    regions = _regions(graph, g, planned)
+    accepted: set[int] = set()
+    for members in regions:
+        removed, added = _balance(members, g, planned)
+        if added < removed:
+            accepted |= members
+            result.regions += 1
+        else:
+            result.kept += 1
+    if accepted:
+        _rewrite(graph, g, planned, accepted)
+        for i in accepted:
+            new = planned[i][0]
+            result.moved[new.op_type] += 1
+            if new.domain == DOMAIN and new.op_type.startswith(BLOCKED_CHAIN):
+                result.native_ops.add(new.op_type)
+    return result
+
+
+def _regions(graph, g: _Graph, planned) -> list[set[int]]:
+    """Planned nodes grouped: joined when one reads the other's output or both read one reorder."""
+    parent = {i: i for i in planned}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    by_id = {id(n): n for n in graph.node}
+    for i in planned:
+        node = by_id[i]
+        for t in node.input:
+            p = g.producer.get(t)
+            if p is not None and id(p) in planned:
+                parent[find(i)] = find(id(p))
+            if p is not None and _is_plain_reorder(p, "ReorderOutput"):
+                for other in g.consumers[t]:
+                    if id(other) in planned:
+                        parent[find(i)] = find(id(other))
+    groups: dict[int, set[int]] = collections.defaultdict(set)
+    for i in planned:
+        groups[find(i)].add(i)
+    return list(groups.values())
+
+
+def _balance(members: set[int], g: _Graph, planned) -> tuple[int, int]:
+    """(reorders the region removes, reorders it adds)."""
+    nodes = [n for n in g.graph.node if id(n) in members]
+    removed, added = 0, 0
+    seen: set[str] = set()
+    for n in nodes:
+        for t in n.input:
+            p = g.producer.get(t)
+            if t in seen or p is None or not _is_plain_reorder(p, "ReorderOutput"):
+                continue
+            seen.add(t)
+            if t not in g.outputs and all(id(u) in members for u in g.consumers[t]):
+                removed += 1
+        for plain in planned[id(n)][1]:
+            users = g.consumers[plain]
+            removed += sum(1 for u in users if _feeds_blocks(u, g))
+            if plain in g.outputs or any(id(u) not in members and not _feeds_blocks(u, g) for u in users):
+                added += 1
+    return removed, added
+
+
+def _feeds_blocks(node: onnx.NodeProto, g: _Graph) -> bool:
+    """A ReorderInput a region's blocked output replaces (not one the graph returns)."""
+    return _is_plain_reorder(node, "ReorderInput") and node.output[0] not in g.outputs
+
+
+def _rewrite(graph, g: _Graph, planned, accepted: set[int]) -> None:
+    """Replace the accepted nodes in ``graph``; it is changed only once the new order is known."""
+    replaced_inputs = {t for n in graph.node if id(n) in accepted for t in n.input}
+    renamed: dict[str, str] = {}  # output of a dropped ReorderInput -> the blocked tensor
+    nodes: list[onnx.NodeProto] = []
+    for n in graph.node:
+        if id(n) not in accepted:
+            nodes.append(n)
+            continue
+        new, plains = planned[id(n)]
+        nodes.append(new)
+        for plain, blocked in zip(plains, new.output):
+            users = g.consumers[plain]
+            for u in users:
+                if _feeds_blocks(u, g):
+                    renamed[u.output[0]] = blocked
+            if plain in g.outputs or any(id(u) not in accepted and not _feeds_blocks(u, g) for u in users):
+                nodes.append(helper.make_node("ReorderOutput", [blocked], [plain], domain=NCHWC,
+                                              channels=g.channels[plain], channels_last=0,
+                                              name=f"{plain}/reorder_output"))
+    dropped = set(renamed)
+    nodes = [n for n in nodes if not (_is_plain_reorder(n, "ReorderInput") and n.output[0] in dropped)]
+    for k, n in enumerate(nodes):
+        if any(t in renamed for t in n.input):  # a copy: the graph stays as it was until the end
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.input[:] = [renamed.get(t, t) for t in n.input]
+            nodes[k] = copy
+    while True:  # reorders whose outputs nothing reads any more
+        used = {t for n in nodes for t in n.input} | g.outputs
+        kept = [n for n in nodes if not (_is_plain_reorder(n, "ReorderOutput") and n.output[0] not in used)]
+        if len(kept) == len(nodes):
+            break
+        nodes = kept
+    order = _topological(nodes, {i.name for i in graph.input} | set(g.inits))
+    del graph.node[:]
+    graph.node.extend(order)
+    used = {t for n in nodes for t in n.input} | g.outputs
+    unused = [t for t in graph.initializer if t.name in replaced_inputs and t.name not in used]
+    for t in unused:  # constants only the replaced nodes read (a Resize's scales)
+        graph.initializer.remove(t)
+
+
+def _topological(nodes: list[onnx.NodeProto], sources: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where every input is made before it is read (stable otherwise)."""
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = [{made[t] for t in n.input if t in made and t not in sources} for n in nodes]
+    users: dict[int, list[int]] = collections.defaultdict(list)
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    waiting = [len(ds) for ds in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise ValueError("layout: the rewritten graph has a cycle")
+    return order
