@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import bert, crnn, db_detector, minilm, mlp, mobilenet, picodet, pplcnet, resnet, yolov8
+from . import bert, crnn, db_detector, minilm, minilm_dynamo, mlp, mobilenet, picodet, pplcnet, resnet, yolov8
 
 # sample sizes of symbolic dims other than "batch"; "steps" is crnn_recognizer's output length at width 320
 DIMS = {"seq": 128, "width": 320, "steps": 80}
@@ -132,6 +132,17 @@ SPECS: dict[str, Spec] = {
             {"output0": ("batch", 4 + yolov8.CLASSES, yolov8.ANCHORS)},
         ),
         # end zoo-b
+        # zoo-attention: the MiniLM encoder as torch's dynamo exporter writes it (opset 18)
+        Spec(
+            "minilm_encoder_dynamo",
+            "all-MiniLM-L6-v2-like BERT encoder, dynamo export style (SDPA decomposed, HF 4-D mask), opset 18",
+            "minilm_dynamo",
+            minilm_dynamo.make,
+            dict.fromkeys(minilm.INPUTS, ("batch", "seq")),
+            {"last_hidden_state": ("batch", "seq", 384)},
+            dtypes=dict.fromkeys(minilm.INPUTS, onnx.TensorProto.INT64),
+        ),
+        # end zoo-attention
     )
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime
+import pytest
 from onnx import helper, numpy_helper
 
 from ortfuse.bench import peers
@@ -46,3 +47,54 @@ def test_openvino_peer_runs_the_model_in_orts_output_order_with_f32_forced(tmp_p
 def test_peers_are_opt_in_configurations():
     assert peers.PEERS["openvino"] in CONFIGS and peers.PEERS["openvino"] not in DEFAULT_CONFIGS
     assert "unknown peer 'tvm'" in peers.available("tvm")
+
+
+# -- ort-transformers: ORT's own transformer optimizer ----------------------------------------------
+def test_ort_transformers_peer_says_how_to_get_sympy(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sympy", None)  # import sympy raises ImportError
+    why_not = peers._transformers_optimizer_problem()
+    assert "needs sympy" in why_not and peers.SYMPY_HINT in why_not
+    with pytest.raises(peers.PeerUnavailable, match="pip install sympy"):
+        peers.OrtTransformersSession(b"", threads=1)
+
+
+def test_ort_transformers_peer_is_named_and_opt_in():
+    assert peers.PEERS["ort-transformers"] == "ort_transformers"
+    assert "ort_transformers" not in DEFAULT_CONFIGS
+    assert peers.available("ort-transformers") == ""  # sympy is part of the test environment
+
+
+def test_encoder_dims_read_from_the_attention():
+    from ortfuse.fusion.rules import attention
+
+    assert peers.encoder_dims(attention._example("dynamo")) == (attention.H, attention.H * attention.D)
+    assert peers.encoder_dims(onnx.load_from_string(_conv_bytes())) == (0, 0)
+
+
+def _conv_bytes() -> bytes:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+
+@pytest.mark.slow
+def test_ort_transformers_peer_fuses_torchscript_attention_and_keeps_outputs(tmp_path):
+    """On the TorchScript-style MiniLM the optimizer fuses Attention (raw 2-D mask) and
+    EmbedLayerNormalization; outputs equal stock ORT_DISABLE_ALL for a mask that is not right-padded."""
+    from ortfuse import models
+
+    path = str(models.build("minilm_encoder"))
+    sess = peers.OrtTransformersSession(path, threads=1)
+    assert (sess.num_heads, sess.hidden_size) == (12, 384)
+    assert sess.fused_ops.get("Attention") == 6 and sess.fused_ops.get("EmbedLayerNormalization") == 1
+    feeds = models.sample_inputs("minilm_encoder", batch=2, dims={"seq": 16})
+    feeds["attention_mask"][0, 3] = 0  # a hole, not right padding
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(path, so).run(None, feeds)[0]
+    got = sess.run(None, feeds)[0]
+    assert float(np.abs(got - ref).max()) <= 1e-4 * max(1.0, float(np.abs(ref).max()))

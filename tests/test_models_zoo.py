@@ -24,7 +24,7 @@ from onnx import TensorProto, numpy_helper
 from ortfuse import models
 from ortfuse.models import cache, cli, registry
 
-BIG = {"resnet50", "resnet50_const", "bert_encoder", "minilm_encoder"}  # ~100 MB of weights each
+BIG = {"resnet50", "resnet50_const", "bert_encoder", "minilm_encoder", "minilm_encoder_dynamo"}  # ~50-100 MB each
 SLOW_RUN = {"picodet_layout"}  # a few MB of weights, but slow to build twice or to run on 2 cores
 SMALL = [n for n in models.NAMES if n not in BIG]
 CONST_PAIRS = [("resnet50", "resnet50_const"), ("mobilenetv3_block", "mobilenetv3_block_const")]
@@ -116,6 +116,7 @@ def test_names_default_and_descriptions():
         "pplcnet_classifier",
         "crnn_recognizer",
         "minilm_encoder",
+        "minilm_encoder_dynamo",
         "db_text_detector",
         "picodet_layout",
         "yolov8n",

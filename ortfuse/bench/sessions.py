@@ -8,6 +8,7 @@ Every configuration is its own session on the same model and inputs, on the CPU 
     ortfuse_numba      ortfuse.InferenceSession(fusion=True), ORT_ENABLE_ALL
     ort_enable_all_b   a second, independent stock ORT_ENABLE_ALL session: the A/A control
     openvino_f32       OpenVINO's CPU plugin, float32 forced (``--peer openvino``; ``ortfuse.bench.peers``)
+    ort_transformers   ORT's transformer optimizer (model_type bert), then ORT_ENABLE_ALL (``--peer ort-transformers``)
 
 Sessions are built with ``measuring_options`` (ortfuse.runtime.session_options), the same options
 ``ortfuse tune`` times with. This module imports neither onnxruntime nor ortfuse until a session is
@@ -24,7 +25,7 @@ from ortfuse.runtime.session_options import DEFAULT_SPINNING, DIMS_KEY, TUNE_KEY
 @dataclass(frozen=True)
 class Config:
     name: str
-    runtime: str  # "onnxruntime" (stock), "ortfuse", or a peer ("openvino")
+    runtime: str  # "onnxruntime" (stock), "ortfuse", or a peer ("openvino", "ort-transformers")
     level: str  # name of an onnxruntime.GraphOptimizationLevel
     fusion: object  # ortfuse's fusion= argument; None for stock sessions
     description: str
@@ -48,9 +49,12 @@ CONFIGS: dict[str, Config] = {
         Config("ortfuse_numba", "ortfuse", "ORT_ENABLE_ALL", True, "ortfuse fusion=True"),
         Config(CONTROL, "onnxruntime", "ORT_ENABLE_ALL", None, "A/A control: second stock ORT_ENABLE_ALL session"),
         Config("openvino_f32", "openvino", "", None, "OpenVINO CPU plugin, f32 forced, same threads"),
+        Config("ort_transformers", "ort-transformers", "ORT_ENABLE_ALL", None,
+               "ORT's transformer optimizer (model_type bert), then ORT_ENABLE_ALL, same threads"),
     )
 }
-DEFAULT_CONFIGS: tuple[str, ...] = tuple(c for c in CONFIGS if CONFIGS[c].runtime != "openvino")
+PEER_RUNTIMES = ("openvino", "ort-transformers")
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(c for c in CONFIGS if CONFIGS[c].runtime not in PEER_RUNTIMES)
 
 
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1):
@@ -63,6 +67,10 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
         from ortfuse.bench.peers import OpenVinoSession
 
         return OpenVinoSession(model, threads=threads)
+    if cfg.runtime == "ort-transformers":
+        from ortfuse.bench.peers import OrtTransformersSession
+
+        return OrtTransformersSession(model, threads=threads, spinning=spinning)
     so = measuring_options(cfg.level, threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if cfg.fusion == "auto":  # tuned at creation, so that the timed runs are those of the tuned plan

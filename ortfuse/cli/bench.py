@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         choices=sorted(PEERS),
         help="also run this alternative in the same interleaved rounds: openvino (OpenVINO's CPU plugin, "
-        "f32 forced, same threads; pip install -e '.[peers]')",
+        "f32 forced, same threads; pip install -e '.[peers]'); ort-transformers (ORT's transformer optimizer, "
+        "model_type bert, then ORT_ENABLE_ALL; needs sympy)",
     )
     parser.add_argument(
         "--spinning",

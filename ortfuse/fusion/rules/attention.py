@@ -1,0 +1,358 @@
+"""attention: multi-head scaled dot-product self-attention as torch's exporters write it, from the
+Q/K/V projections to the heads merged back, as one FusedAttention lowered to ORT's own contrib ops.
+
+Matched (anchor: the Softmax): Q, K, V = x @ W + b (constant W, b; Add in either order); each
+Reshape to [.., .., heads, head size] (target constant or built from Shape nodes) and Transpose to
+[B, H, S, d]; K^T by Transpose; scores = Q K^T with the scale once (Div or Mul on the scores) or
+split over both sides (Mul on Q and on K^T, dynamo's SDPA); plus an additive mask; Softmax over the
+last axis; times V; Transpose and Reshape back to [B, S, hidden]. Heads and head size are read from
+the Reshape targets, the scale from the constants. The additive mask must be a float32 tensor of
+rank 4 that broadcasts to [B, H, S, S] along [B or 1, H or 1, S or 1, S]; other masks (a rank-2
+causal mask, a mask over the heads' size) and attention without a mask are left to ORT with the
+reason. When the mask is built from a [batch, seq] integer or bool ``attention_mask`` (TorchScript:
+(1 - mask) * c; dynamo: Hugging Face's Where(1 - mask, c, ...)), the match records it
+(``key_padding_mask``) and the value c added at its zeros, for the forms that take the raw mask.
+
+Forms (ORT 1.32 CPU kernels; scale, heads from the match):
+
+- ``attention_bias``: com.microsoft:Attention(x, W_qkv, b_qkv, attention_bias=M expanded to
+  [B|1, H|1, S, S]): one GEMM for Q, K and V; the graph's own additive mask, so exact for any mask
+  values.
+- ``attention_mask``: com.microsoft:Attention(x, W_qkv, b_qkv, mask_index=Cast(attention_mask, int32),
+  mask_filter_value=c): equals the graph when the mask holds 0 and 1 (any nonzero keeps the key,
+  where the graph would add (1 - m) c).
+- ``mha_bias`` / ``mha_mask``: x @ W_qkv -> Split -> com.microsoft:MultiHeadAttention(q, k, v, b_qkv)
+  with the same two mask inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ortfuse.custom_ops.specs import OpSpec
+from ortfuse.fusion.rulekit.attention import (
+    Heads,
+    heads,
+    key_transposed,
+    merge_heads,
+    merged_width_problem,
+    padding_mask,
+    producer,
+    scalar,
+    shape_nodes,
+)
+from ortfuse.fusion.rulekit.checks import attr, float32_problem, intermediate_problem
+from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
+from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
+from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
+from ortfuse.ir.graph import GraphIndex
+
+ID = "attention"
+
+
+def _scores(ix: GraphIndex, tensor: str):
+    """(MatMul, scale factor, scaling nodes) of ``tensor`` = (Q K^T) * s, s applied by Div/Mul on
+    the product or by Mul on both operands; None when it is not such a product."""
+    factor, nodes = 1.0, []
+    for op in ("Div", "Mul"):
+        n = producer(ix, tensor, op)
+        if n is None:
+            continue
+        c = scalar(ix, n.input[1])
+        data = n.input[0]
+        if c is None and op == "Mul":
+            c, data = scalar(ix, n.input[0]), n.input[1]
+        if c is None or c == 0.0:
+            return None
+        factor, nodes, tensor = (1.0 / c if op == "Div" else c), [n], data
+        break
+    mm = producer(ix, tensor, "MatMul")
+    if mm is None:
+        return None
+    operands = []
+    for side in mm.input:
+        mul = producer(ix, side, "Mul")
+        c = None if mul is None else scalar(ix, mul.input[1])
+        if mul is not None and c is not None:
+            factor, side = factor * c, mul.input[0]
+            nodes.append(mul)
+        operands.append(side)
+    return mm, factor, nodes, operands
+
+
+def _mask_problem(ix: GraphIndex, mask: str, h: int) -> str:
+    """Why the additive mask cannot be an attention_bias broadcast to [B, H, S, S] ("" when it can)."""
+    if ix.elem_type(mask) not in (None, TensorProto.FLOAT):
+        return f"the additive mask '{mask}' is not float32"
+    shape = ix.shape(mask)
+    if shape is None:
+        return f"the additive mask '{mask}' has an unknown shape"
+    if len(shape) != 4:
+        return (f"the additive mask '{mask}' has rank {len(shape)}, not the [batch, 1 or heads, seq, seq] "
+                "of a padding mask")
+    if shape[1] not in (1, h):
+        return f"the additive mask '{mask}' has {shape[1]} rows over the heads, not 1 or {h}"
+    return ""
+
+
+# x -> MatMul+Add (Q, K, V) -> Reshape -> Transpose -> Q K^T * scale + mask -> Softmax -> @ V
+#   -> Transpose -> Reshape   ->   FusedAttention(x, W_qkv, b_qkv, mask; num_heads, scale)
+def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
+    if anchor.op_type != "Softmax" or anchor.domain not in ("", "ai.onnx"):
+        return None
+    if attr(anchor, "axis", -1 if ix.opset >= 13 else 1) not in (-1, 3):
+        return None
+    pre = producer(ix, anchor.input[0], "Add")
+    candidates = [(pre.input[i], pre.input[1 - i]) for i in (0, 1)] if pre is not None else []
+    found = next(((s, m, r) for s, m in candidates if (r := _scores(ix, s)) is not None), None)
+    if found is None:
+        if _scores(ix, anchor.input[0]) is not None:
+            return Reject(ID, [anchor], "attention without an additive mask is not fused (no form for it yet)")
+        return None
+    _, mask, (mm, scale, scale_nodes, (q_side, k_side)) = found
+    assert pre is not None
+    q, k = heads(ix, q_side), key_transposed(ix, k_side)
+    out_mm = ix.only_consumer(anchor.output[0])
+    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.input[0] != anchor.output[0]:
+        return None
+    v = heads(ix, out_mm.input[1])
+    for part in (q, k, v):
+        if isinstance(part, str):
+            return Reject(ID, [anchor], part)
+    if not (isinstance(q, Heads) and isinstance(k, Heads) and isinstance(v, Heads)):
+        return None
+    merged = merge_heads(ix, out_mm.output[0])
+    if merged is None:
+        return None
+    tail_nodes, output, out_target = merged
+    core = (q.nodes + q.proj.nodes + k.nodes + k.proj.nodes + v.nodes + v.proj.nodes + [mm] + scale_nodes
+            + [pre, anchor, out_mm] + tail_nodes)
+    nodes = core + shape_nodes(ix, [q.target, k.target, v.target, out_target], core)
+    x = q.proj.x
+    h, d = q.heads, q.size
+    hidden = h * d
+    problem = ""
+    if k.proj.x != x or v.proj.x != x:
+        problem = "Q, K and V are projections of different tensors (not self-attention)"
+    elif (k.heads, k.size, v.heads, v.size) != (h, d, h, d):
+        problem = f"Q, K and V are split into different heads ({h}x{d}, {k.heads}x{k.size}, {v.heads}x{v.size})"
+    elif q.proj.w.shape[0] != hidden or q.proj.w.shape != k.proj.w.shape or q.proj.w.shape != v.proj.w.shape:
+        problem = f"the projections are not all [{hidden}, {hidden}]"
+    shape = ix.shape(x)
+    if not problem and (shape is None or len(shape) != 3):
+        problem = f"input '{x}' is not known to be [batch, seq, hidden]: ORT's attention ops take rank 3"
+    problem = (problem or merged_width_problem(ix, out_target, hidden) or _mask_problem(ix, mask, h)
+               or float32_problem(ix, x, output) or intermediate_problem(ix, nodes, output))
+    if problem:
+        return Reject(ID, nodes, problem)
+    raw = padding_mask(ix, mask)
+    base = f"{ix.name_of(anchor)}_fused"
+    w = np.concatenate([q.proj.w, k.proj.w, v.proj.w], axis=1).astype(np.float32)
+    b = np.concatenate([q.proj.b, k.proj.b, v.proj.b]).astype(np.float32)
+    inits = [numpy_helper.from_array(w, ix.unique_name(f"{base}_W")),
+             numpy_helper.from_array(b, ix.unique_name(f"{base}_B"))]
+    attrs = {"num_heads": h, "scale": float(scale), "key_padding_mask": raw[0] if raw else "",
+             "mask_filter_value": float(raw[1]) if raw else 0.0}
+    return Match(ID, "FusedAttention", nodes, [x, inits[0].name, inits[1].name, mask], output, attrs, inits)
+
+
+def reference(x, w, b, mask, num_heads: int, scale: float, **_):
+    """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64."""
+    batch, seq, hidden = x.shape
+    size = hidden // num_heads
+    qkv = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    q, k, v = (t.reshape(batch, seq, num_heads, size).transpose(0, 2, 1, 3) for t in np.split(qkv, 3, axis=-1))
+    scores = q @ k.transpose(0, 1, 3, 2) * scale + mask.astype(np.float64)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    return (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden).astype(np.float32)
+
+
+# FusedAttention(X[B, S, D], W[D, 3D], B[3D], M[B|1, H|1, S|1, S]; num_heads, scale, key_padding_mask,
+# mask_filter_value) = the attention above; key_padding_mask names the [B, S] mask M was built from.
+SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
+              {"num_heads": int, "scale": float, "key_padding_mask": str, "mask_filter_value": float}, reference)
+
+
+# ------------------------------------------------------------------------------------------------
+# lowering forms. com.microsoft:Attention(input[B, S, D], weights[D, 3D], bias[3D], mask_index,
+# past, attention_bias[B|1, H|1, S, S]) and com.microsoft:MultiHeadAttention(q, k, v [B, S, D],
+# bias[3D], key_padding_mask, attention_bias): attention_bias must have the full [S, S]; a
+# key_padding_mask / mask_index int32 [B, S] adds mask_filter_value where it is 0.
+# ------------------------------------------------------------------------------------------------
+def _bias(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    """The additive mask as attention_bias: Expand(M, [1, 1, S, 1]) unless M already has S rows."""
+    mask, x = m.inputs[3], m.inputs[0]
+    m_shape, x_shape = ctx.shape(mask), ctx.shape(x)
+    if m_shape and x_shape and m_shape[2] == x_shape[1] and m_shape[2] is not None:
+        return [], [], mask
+    seq, ones, one, dims, out = (ctx.fresh(n) for n in ("seq", "ones", "one", "rows", "bias"))
+    index = numpy_helper.from_array(np.array([1], np.int64), ctx.fresh("seq_axis"))
+    lead = numpy_helper.from_array(np.array([1, 1], np.int64), ones)
+    last = numpy_helper.from_array(np.array([1], np.int64), one)
+    shape_of = ctx.fresh("x_shape")
+    nodes = [node("Shape", [x], [shape_of]), node("Gather", [shape_of, index.name], [seq], axis=0),
+             node("Concat", [ones, seq, one], [dims], axis=0), node("Expand", [mask, dims], [out])]
+    return nodes, [index, lead, last], out
+
+
+def _key_padding(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], str] | str:
+    if not m.attrs["key_padding_mask"]:
+        return "the additive mask is not built from a [batch, seq] attention_mask"
+    m32 = ctx.fresh("mask_int32")
+    return [node("Cast", [m.attrs["key_padding_mask"]], [m32], to=TensorProto.INT32)], m32
+
+
+def _common(m: Match) -> dict:
+    return {"num_heads": int(m.attrs["num_heads"]), "scale": float(m.attrs["scale"])}
+
+
+# FusedAttention   ->   com.microsoft:Attention(x, W_qkv, b_qkv, attention_bias=M)
+def lower_attention_bias(m: Match, ctx: Context) -> Lowered | str:
+    pre, inits, bias = _bias(m, ctx)
+    att = node("Attention", [*m.inputs[:3], "", "", bias], [m.output], domain=MS_DOMAIN, **_common(m))
+    return Lowered(pre + [att], inits)
+
+
+# FusedAttention   ->   com.microsoft:Attention(x, W_qkv, b_qkv, mask_index=int32(attention_mask))
+def lower_attention_mask(m: Match, ctx: Context) -> Lowered | str:
+    padding = _key_padding(m, ctx)
+    if isinstance(padding, str):
+        return padding
+    pre, m32 = padding
+    att = node("Attention", [*m.inputs[:3], m32], [m.output], domain=MS_DOMAIN,
+               mask_filter_value=float(m.attrs["mask_filter_value"]), **_common(m))
+    return Lowered(pre + [att])
+
+
+def _split_qkv(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[str]]:
+    hidden = int(next(t for t in m.initializers if t.name == m.inputs[1]).dims[0])
+    qkv, parts = ctx.fresh("qkv"), [ctx.fresh(n) for n in ("q", "k", "v")]
+    if ctx.opset >= 13:
+        sizes = numpy_helper.from_array(np.array([hidden] * 3, np.int64), ctx.fresh("qkv_split"))
+        split = node("Split", [qkv, sizes.name], parts, axis=-1)
+        return [node("MatMul", m.inputs[:2], [qkv]), split], [sizes], parts
+    return [node("MatMul", m.inputs[:2], [qkv]), node("Split", [qkv], parts, axis=-1, split=[hidden] * 3)], [], parts
+
+
+# FusedAttention   ->   MatMul(x, W_qkv) -> Split -> com.microsoft:MultiHeadAttention(q, k, v, b, attention_bias=M)
+def lower_mha_bias(m: Match, ctx: Context) -> Lowered | str:
+    nodes, inits, (q, k, v) = _split_qkv(m, ctx)
+    pre, more, bias = _bias(m, ctx)
+    mha = node("MultiHeadAttention", [q, k, v, m.inputs[2], "", bias], [m.output], domain=MS_DOMAIN, **_common(m))
+    return Lowered(nodes + pre + [mha], inits + more)
+
+
+# FusedAttention   ->   MatMul(x, W_qkv) -> Split -> com.microsoft:MultiHeadAttention(q, k, v, b, key_padding_mask)
+def lower_mha_mask(m: Match, ctx: Context) -> Lowered | str:
+    padding = _key_padding(m, ctx)
+    if isinstance(padding, str):
+        return padding
+    nodes, inits, (q, k, v) = _split_qkv(m, ctx)
+    pre, m32 = padding
+    mha = node("MultiHeadAttention", [q, k, v, m.inputs[2], m32], [m.output], domain=MS_DOMAIN,
+               mask_filter_value=float(m.attrs["mask_filter_value"]), **_common(m))
+    return Lowered(nodes + pre + [mha], inits)
+
+
+# Static priorities: attention_bias first (one GEMM for Q, K and V, and exact for any mask values);
+# the forms reading the raw mask only where the per-machine ranking (`ortfuse rank`) measures them
+# faster. Decision and measurement: docs/ARCHITECTURE.md §5.
+LOWERING = (
+    LoweringForm("attention_bias", "FusedAttention", "com.microsoft:Attention(attention_bias)",
+                 lower_attention_bias, {"": 30}),
+    LoweringForm("attention_mask", "FusedAttention", "com.microsoft:Attention(mask_index)",
+                 lower_attention_mask, {"": 26}),
+    LoweringForm("mha_bias", "FusedAttention", "MatMul + Split + com.microsoft:MultiHeadAttention(attention_bias)",
+                 lower_mha_bias, {"": 24}),
+    LoweringForm("mha_mask", "FusedAttention", "MatMul + Split + com.microsoft:MultiHeadAttention(key_padding_mask)",
+                 lower_mha_mask, {"": 22}),
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# examples: one encoder layer's attention as each exporter writes it, batch 2, seq 8, 2 heads of 4
+# ------------------------------------------------------------------------------------------------
+B, S, H, D = 2, 8, 2, 4
+
+
+def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = "padding",
+             cross: bool = False, probs_out: bool = False) -> onnx.ModelProto:
+    """``style`` "torchscript" (Div on the scores, (1 - m) * min mask, Shape-built targets) or
+    "dynamo" (Mul(sqrt scale) on Q and K^T, Where mask over an Expand); ``mask`` "padding" (from an
+    int64 attention_mask) or "rank2" (a float [S, S] input added to the scores)."""
+    hidden = H * D
+    rng = np.random.default_rng(7)
+    inits = {"min": np.float32(np.finfo(np.float32).min), "one": np.float32(1.0),
+             "heads": np.array([-1, H, D], np.int64), "merged": np.array([0, 0, hidden], np.int64),
+             "axes": np.array([1, 2], np.int64),
+             "root": np.float32(math.sqrt(1.0 / math.sqrt(D))), "sqrt_d": np.float32(math.sqrt(D))}
+    nodes = [helper.make_node("Shape", ["x"], ["x_shape"], start=0, end=1)]
+    for name in "qkv":
+        inits[f"w{name}"] = (rng.standard_normal((hidden, hidden)) * weight_scale).astype(np.float32)
+        inits[f"b{name}"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        src = "y" if cross and name != "q" else "x"
+        terms = [f"b{name}", f"{name}_mm"] if style == "torchscript" else [f"{name}_mm", f"b{name}"]
+        nodes += [helper.make_node("MatMul", [src, f"w{name}"], [f"{name}_mm"]),
+                  helper.make_node("Add", terms, [f"{name}_lin"]),
+                  helper.make_node("Concat", ["x_shape", "heads"], [f"{name}_target"], axis=0),
+                  helper.make_node("Reshape", [f"{name}_lin", f"{name}_target"], [f"{name}_r"]),
+                  helper.make_node("Transpose", [f"{name}_r"], [f"{name}_h"], perm=[0, 2, 1, 3])]
+    nodes.append(helper.make_node("Transpose", ["k_h"], ["k_t"], perm=[0, 1, 3, 2]))
+    if style == "torchscript":
+        nodes += [helper.make_node("MatMul", ["q_h", "k_t"], ["qk"]),
+                  helper.make_node("Div", ["qk", "sqrt_d"], ["scores"])]
+    else:
+        nodes += [helper.make_node("Mul", ["q_h", "root"], ["q_s"]), helper.make_node("Mul", ["k_t", "root"], ["k_s"]),
+                  helper.make_node("MatMul", ["q_s", "k_s"], ["scores"])]
+    inputs = {"x": [B, S, hidden]}
+    if cross:
+        inputs["y"] = [B, S, hidden]
+    dtypes = {}
+    if mask == "rank2":
+        inputs["bias"] = [S, S]
+    else:
+        inputs["attention_mask"] = [B, S]
+        dtypes["attention_mask"] = TensorProto.INT64
+        nodes += [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["m4"]),
+                  helper.make_node("Cast", ["m4"], ["mf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["one", "mf"], ["inverted"])]
+        if style == "torchscript":
+            nodes.append(helper.make_node("Mul", ["inverted", "min"], ["bias"]))
+        else:
+            nodes += [helper.make_node("Cast", ["inverted"], ["masked"], to=TensorProto.BOOL),
+                      helper.make_node("Where", ["masked", "min", "inverted"], ["bias"])]
+    nodes += [helper.make_node("Add", ["scores", "bias"], ["biased"]),
+              helper.make_node("Softmax", ["biased"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v_h"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "merged"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "attention_example",
+        [helper.make_tensor_value_info(n, dtypes.get(n, TensorProto.FLOAT), s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])]
+        + ([helper.make_tensor_value_info("probs", TensorProto.FLOAT, [B, H, S, S])] if probs_out else []),
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortfuse-rule-example")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+RULE = PatternRule(
+    id=ID, order=5, matcher=match, specs=(SPEC,), lowering=LOWERING,
+    examples=(
+        Example("torchscript_bert_attention", _example),
+        Example("dynamo_sdpa_attention", lambda: _example("dynamo")),
+        Example("large_scores", lambda: _example("dynamo", weight_scale=4.0)),
+        Example("rank2_float_mask", lambda: _example(mask="rank2"),
+                reason="has rank 2, not the [batch, 1 or heads, seq, seq] of a padding mask"),
+        Example("cross_attention", lambda: _example(cross=True), reason="projections of different tensors"),
+        Example("probs_are_an_output", lambda: _example(probs_out=True),
+                reason="intermediate tensor 'probs' is a graph output"),
+    ),
+)
