@@ -414,3 +414,88 @@ def test_a_second_process_starts_fused(tmp_path):
 
     assert child("tune").startswith("fused since run 9: 2 of 2")
     assert child("create") == "fused: 2 of 2 matches kept"
+
+
+def test_the_tuning_measures_through_a_yielder_that_served_runs_reach(monkeypatch):
+    """The tuner's runs and timings yield to this session's served runs: measuring sees the
+    session's yielder installed, and a served run starting reaches it."""
+    from ortfuse.tune import yielding
+
+    seen: list = []
+
+    def spying(model, ids, level, threads, sample, key, *args, **kwargs):
+        yielder = yielding.current()
+        seen.append(yielder)
+        if yielder is not None:
+            epoch = yielder.epoch
+            served = threading.Thread(target=session.run, args=(None, ffn_inputs(seed=5)))  # a caller's thread
+            served.start()
+            served.join(WAIT_S)
+            seen.append(yielder.epoch - epoch)
+        return Tuning(key)
+
+    monkeypatch.setattr(measuring, "measure", spying)
+    session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")
+    for feeds in _feeds():
+        session.run(None, feeds)
+    assert session.wait_tuned(WAIT_S), session.fusion_status
+    assert seen and seen[0] is session._ortfuse_live._yielder, seen
+    assert seen[1] == 1, "the served run did not reach the tuning's yielder"
+    assert yielding.current() is None  # this thread measures plainly
+
+
+def test_a_starved_tuning_ends_on_stock_ort_and_says_so(monkeypatch):
+    from ortfuse.tune import yielding
+
+    def starved(*args, **kwargs):
+        raise yielding.Starved("served runs left no idle window for one timed run in 200 attempts")
+
+    monkeypatch.setattr(measuring, "measure", starved)
+    model = ffn_matmul_add_relu()
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    first = session._sess
+    for feeds in _feeds():
+        session.run(None, feeds)
+    assert session.wait_tuned(WAIT_S)
+    assert session.fusion_status.startswith("stock ORT: tuning stopped: served runs left no idle window"), \
+        session.fusion_status
+    assert session._sess is first and not session.fusion_report.applied
+    _check(session, _stock(model), ffn_inputs())
+
+
+def test_background_creation_leaves_finding_the_matches_to_the_tuning_thread(winning, monkeypatch):
+    """With nothing known for the model, creation does not run ``fuse`` on the creating thread (it
+    imports and checks what serving need not wait for); the live tuning finds the matches."""
+    from ortfuse.fusion import rewrite
+    from ortfuse.runtime import planning
+
+    real, callers = rewrite.fuse, []
+
+    def watched(*args, **kwargs):
+        callers.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rewrite, "fuse", watched)
+    session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")
+    assert callers == [], "fuse ran on the creating thread"
+    assert planning.DEFERRED_NOTE in session.fusion_report.notes and not session.fusion_report.matches
+    assert session.fusion_status == f"serving stock ORT, recording feeds (0/{live_tuning.SAMPLE_RUNS})"
+    for feeds in _feeds():
+        session.run(None, feeds)
+    assert session.wait_tuned(WAIT_S) and _fused(session) == ["add_relu", "gemm_relu_gelu"], session.fusion_status
+    assert callers and not any(callers), "the matches were not looked for on the tuning thread"
+
+
+def test_a_model_without_matches_ends_on_stock_ort_and_says_so():
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["y"], name="neg")], "plain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    x = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    for _ in range(live_tuning.SAMPLE_RUNS):
+        np.testing.assert_array_equal(session.run(None, x)[0], -x["x"])
+    assert session.wait_tuned(WAIT_S)
+    assert session.fusion_status == "stock ORT: no pattern matches this model", session.fusion_status
+    assert not session.fusion_report.applied

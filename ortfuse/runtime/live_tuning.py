@@ -15,15 +15,20 @@ model on this machine (``planning.Prepared.pending``):
 - an ``IOBinding`` made before the swap stays bound to the C session it was made on and keeps
   running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
   made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
-- tuning yields to serving: it measures in a thread at the lowest CPU priority (``LOW_PRIORITY``;
-  the ORT threads of the sessions it opens inherit it; the swapped-in session is made in a thread
-  at the caller's priority), which pauses at its next Python call whenever a run is in flight,
-  and while it runs, the interpreter's GIL switch interval is ``SWITCH_INTERVAL_S`` (a served
-  run waiting for the GIL gets it sooner; restored when the last tuning ends). The native kernels
-  the plan needs are compiled first, outside the pause points (numba's compiler makes millions of
-  calls; once per machine, its cache on disk serves later processes). Measuring has a budget
+- tuning yields to serving: a served run that starts aborts the tuning's ORT runs in flight
+  (``RunOptions.terminate``) and the tuning thread pauses at its next Python call until no run is
+  in flight; a timing that overlapped a served run is discarded and taken again, so decisions rest
+  only on undisturbed timings (``ortfuse.tune.yielding``; when served runs leave no idle window long
+  enough for one run, the tuning ends with stock ORT and says so). The thread runs at the caller's
+  priority: a low-priority thread holding the GIL would keep served runs waiting for it. While it
+  runs, the interpreter's GIL switch interval is ``SWITCH_INTERVAL_S`` (a served run waiting for
+  the GIL gets it sooner; restored when the last tuning ends). The native kernels the plan needs are
+  compiled first, in a child process stopped (SIGSTOP) while a run is in flight
+  (``ortfuse.tune.kernel_compile``; numba's compiler runs in long C calls no thread can pause in;
+  once per machine, its cache on disk serves later processes). Measuring has a budget
   (config entry ``ortfuse.tune_budget_s``, default ``DEFAULT_BUDGET_S``: matches not reached stay
-  unfused) and the whole tuning stops after ``HARD_STOP`` budgets of work (pauses do not count);
+  unfused) and the whole tuning stops after ``HARD_STOP`` budgets of work (pauses do not count) or
+  ``WALL_STOP`` budgets of wall-clock time (pauses count: served runs left too little idle time);
 - whatever fails (no sample, tuning, building, a differing or failing output) leaves the session on
   stock ORT, and ``status`` and ``fusion_report`` say why; a plan with reference (Python-op) kernels
   is not swapped in (the guarded runs those need are chosen per session, not per run).
@@ -35,7 +40,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -48,14 +52,15 @@ import numpy as np
 
 from ortfuse.fusion.report import FusionReport
 from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
+from ortfuse.tune import yielding
 
 SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
 SAMPLE_BYTES = 64 << 20  # all recorded feeds together
 DEFAULT_BUDGET_S = 30.0  # measuring's budget (tuner.tune(budget_s=)); matches not reached stay unfused
 HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stops after this many budgets of work
+WALL_STOP = 4.0  # ... and after this many budgets of wall-clock time, pauses for served runs included
 SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while a tuning runs: a served run waits less for the GIL
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
-LOW_PRIORITY = 19  # the nice value of the thread that measures
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
 # the fused plan against the serving one on the recorded feeds, whole model: |diff| <= atol * max(1, max|ref|)
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
@@ -98,7 +103,7 @@ class LiveTuning:
         self._patterns = list(prepared.report.patterns)
         self._disabled = set(disabled_optimizers or ())
         self._budget = budget_of(sess_options)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the gate when it fires inside the yielder's waits
         self._idle = threading.Condition(self._lock)
         self._inflight = 0
         self._runs = 0
@@ -106,6 +111,13 @@ class LiveTuning:
         self._sample_bytes = 0
         self._recording = bool(prepared.pending)
         self._retired: list = []  # replaced C sessions, released when no run is in flight
+        self._child = None  # the process compiling kernels, stopped while a run is in flight
+        self._compile_since: float | None = None  # when it started (its time is not the tuning's work)
+        self._paused = 0.0
+        self._t0 = time.perf_counter()
+        self._notes: list[str] = []
+        self._yielder = yielding.Yielder(self._idle, lambda: self._inflight > 0,
+                                          lambda: self._stop or self._over_wall(), self._add_pause)
         self._thread: threading.Thread | None = None
         self._running = False  # a tuning was started and has not ended (set under the lock)
         self._done = threading.Event()
@@ -126,6 +138,9 @@ class LiveTuning:
             self._inflight += 1
             self._runs += 1
             record = self._recording
+            self._yielder.served_locked()
+            if self._inflight == 1 and self._child is not None:
+                _signal(self._child, "SIGSTOP")
         if record and feeds is not None:
             self._record(feeds)
 
@@ -136,6 +151,8 @@ class LiveTuning:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.notify_all()
+                if self._child is not None:
+                    _signal(self._child, "SIGCONT")
                 if release and self._retired:
                     retired, self._retired = self._retired, []
         del retired  # the replaced C sessions go here, outside the lock
@@ -238,17 +255,21 @@ class LiveTuning:
         self._paused = 0.0
         status = ""
         _fast_switching(True)
+        yielding.install(self._yielder)
         try:
             gate = self._gate()
             sys.setprofile(gate)
             try:
-                prepared = self._at_low_priority(gate)
-                new = self._build_and_check(prepared)  # here: the new session's ORT threads serve
+                prepared = self._tune(gate)
+                new = self._build_and_check(prepared)
             finally:
                 sys.setprofile(None)
             status = self._swap(prepared, new)
         except _Stopped as exc:
             status = f"stock ORT: tuning stopped: {exc}"
+        except yielding.Starved as exc:
+            status = (f"stock ORT: tuning stopped: {exc} (it measures only while no served run is in flight; "
+                      "hand inputs to session.tune_with() at a quiet time, or run `ortfuse tune`)")
         except _Unfit as exc:
             status = f"stock ORT: {exc}"
         except Exception as exc:  # the session keeps serving the plan it has
@@ -257,6 +278,7 @@ class LiveTuning:
             status = f"stock ORT: tuning failed: {one_sentence(exc)}"
         finally:
             sys.setprofile(None)
+            yielding.install(None)
             _fast_switching(False)
             self._samples, self._sample_bytes = [], 0
             session = self._session()
@@ -272,6 +294,28 @@ class LiveTuning:
             self._done.set()
         self._release_when_idle()
 
+    def _over_wall(self) -> bool:
+        return time.perf_counter() - self._t0 > WALL_STOP * self._budget
+
+    def _starved_check(self) -> None:
+        if self._over_wall():
+            raise yielding.Starved(f"served runs left too little idle time: {WALL_STOP * self._budget:g} s passed "
+                                   f"({WALL_STOP:g} times ortfuse.tune_budget_s)")
+
+    def _add_pause(self, seconds: float) -> None:
+        self._paused += seconds
+
+    def _compiling(self, child) -> None:
+        """The kernel-compiling child process starts (stopped at once if a run is in flight) or ends (None)."""
+        with self._lock:
+            self._child = child
+            if child is not None and self._inflight:
+                _signal(child, "SIGSTOP")
+            now = time.perf_counter()
+            if child is None and self._compile_since is not None:  # another process's work, bounded apart
+                self._paused += now - self._compile_since
+            self._compile_since = now if child is not None else None
+
     def _swapped_once(self) -> bool:
         return getattr(self, "_swapped_at", None) is not None
 
@@ -280,66 +324,43 @@ class LiveTuning:
         calls, stop when the session is gone or the work exceeds ``HARD_STOP`` budgets. Kept to a
         few operations per call: it runs on every Python and C call of the thread."""
         clock, tick = time.perf_counter, [CHECK_EVERY]
-        limit = HARD_STOP * self._budget
+        limit, wall = HARD_STOP * self._budget, WALL_STOP * self._budget
 
         def gate(frame, event, arg) -> None:
             if self._inflight:
-                now = clock()
+                start = now = clock()
                 with self._lock:
-                    while self._inflight and not self._stop:
+                    while self._inflight and not self._stop and now - self._t0 < wall:
                         self._idle.wait(0.05)
-                self._paused += clock() - now
+                        now = clock()
+                self._paused += clock() - start
+                self._starved_check()
             tick[0] -= 1
             if tick[0] > 0:
                 return
             tick[0] = CHECK_EVERY
             if self._stop or self._session() is None:
                 raise _Stopped("the session was closed")
-            if clock() - self._t0 - self._paused > limit:
+            since = self._compile_since
+            if since is None and clock() - self._t0 - self._paused > limit:
                 raise _Stopped(f"it worked {limit:g} s ({HARD_STOP:g} times ortfuse.tune_budget_s)")
+            self._starved_check()
 
         return gate
-
-    def _at_low_priority(self, gate):
-        """``_tune`` in a thread at the lowest CPU priority (nice 19 where the OS has per-thread nice
-        values): it and the ORT threads of the sessions it opens to measure give way to served runs."""
-        outcome: list = []
-
-        def work() -> None:
-            with contextlib.suppress(AttributeError, OSError):  # no per-thread nice here: normal priority
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY)
-            sys.setprofile(gate)
-            try:
-                outcome.append(self._tune(gate))
-            except BaseException as exc:  # handed to the tuning thread, which says what happened
-                outcome.append(exc)
-            finally:
-                sys.setprofile(None)
-
-        worker = threading.Thread(target=work, name="ortfuse-live-tuning-work", daemon=True)
-        worker.start()
-        worker.join()
-        if not outcome:
-            raise _Stopped("the tuning thread ended without a result")
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
 
     def _tune(self, gate):
         """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT)."""
         from ortfuse.runtime import planning
-        from ortfuse.tune import tuner
+        from ortfuse.tune import kernel_compile, tuner
 
         sample = _representative(self._samples)
         model, why_not = planning.load_model(self._source, self._options)
         if model is None:
             raise _Unfit(f"tuning failed: {why_not}")
         fused = self._fuse_all(model)
-        sys.setprofile(None)
-        try:
-            _compile_kernels(fused)
-        finally:
-            sys.setprofile(gate)
+        why = kernel_compile.compile_kernels(fused, self._compiling, lambda: self._stop)
+        if why:
+            self._notes.append(f"auto: kernels: {why}")
         del fused
         tuning = tuner.tune(model, self._patterns, self._options, sample=sample, measure=True, budget_s=self._budget)
         if tuning.failure:
@@ -348,7 +369,9 @@ class LiveTuning:
         prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns, mode="off",
                                     tuning=tuning)
         prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds "
-                                     f"(shapes {_shapes(sample)})")
+                                     f"(shapes {_shapes(sample)}; {self._yielder.discarded} runs or timings "
+                                     "disturbed by served runs discarded and taken again)")
+        prepared.report.notes.extend(self._notes)
         return prepared
 
     def _build_and_check(self, prepared):
@@ -391,9 +414,9 @@ class LiveTuning:
         bf16 = config_entry(self._options, PRECISION_OPTION).lower() == "bf16"
         rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if bf16 else (CHECK_RTOL, CHECK_ATOL)
         for i, feed in enumerate(self._samples):
-            want = serving.run(names, feed, None)
+            want = yielding.run(lambda options, feed=feed: serving.run(names, feed, options))
             try:
-                got = fused.run(names, feed, None)
+                got = yielding.run(lambda options, feed=feed: fused.run(names, feed, options))
             except Exception as exc:
                 from ortfuse.tune.tuner import one_sentence
 
@@ -415,7 +438,8 @@ class LiveTuning:
             raise _Stopped("the session was closed")
         if new is None:
             session.fusion_report = prepared.report
-            return "stock ORT: no fusion measured faster"
+            return "stock ORT: no fusion measured faster" if prepared.report.matches else \
+                "stock ORT: no pattern matches this model"
         source = prepared.source
         with self._lock:
             old = session._sess
@@ -443,32 +467,15 @@ class LiveTuning:
         del retired
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the tuning thread at its next Python call and wait for it up to ``timeout`` seconds."""
+        """Stop the tuning thread (its ORT runs in flight aborted, the thread at its next Python call)
+        and wait for it up to ``timeout`` seconds."""
         self._stop = True
         with self._lock:
+            self._yielder.abort_locked()
             self._idle.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-
-def _compile_kernels(fused) -> None:
-    """Open an ORT session on ``fused`` (a model ``fuse`` rewrote) with ortfuse's ops registered: the
-    kernels it runs are compiled now (or loaded from numba's cache), outside the pause points. A
-    failure is left for measuring to report."""
-    import onnxruntime as ort
-
-    from ortfuse.custom_ops.specs import DOMAIN
-    from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
-    from ortfuse.runtime.op_registration import with_custom_ops
-
-    if not any(n.domain == DOMAIN for n in fused.graph.node):
-        return
-    options, why_not = with_custom_ops(None, frozenset(native_op_types(fused)),
-                                       python_ops=reference_op_inputs(fused) is not None)
-    if not why_not:
-        with contextlib.suppress(Exception):
-            ort.InferenceSession(fused.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 _switching = {"users": 0, "saved": 0.005}
@@ -487,6 +494,14 @@ def _fast_switching(on: bool) -> None:
             _switching["users"] -= 1
             if _switching["users"] == 0:
                 sys.setswitchinterval(_switching["saved"])
+
+
+def _signal(process, name: str) -> None:
+    """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has ended."""
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        process.send_signal(getattr(signal, name))
 
 
 def accept_ortvalues(session, values: Iterable[Any]) -> list:

@@ -8,7 +8,9 @@ fusion requests (unknown pattern ids, malformed fusion metadata), which are the 
 ``fusion="auto"`` the tuning mode (``session_options.tune_mode``) says whether decisions are measured
 now (``sync``) or only read from the cache (``background``, ``off``); a tuning that fails leaves the
 model to ORT and the report says why. ``Prepared.pending``: auto asked, nothing known yet for this
-model on this machine, so a live tuning (``ortfuse.runtime.live_tuning``) has something to decide.
+model on this machine, so a live tuning (``ortfuse.runtime.live_tuning``) has something to decide;
+in ``background`` mode the matches are then not looked for at creation (the report lists none yet):
+the live tuning finds them, off the creating thread.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None =
     if out.plan is not None:
         out.source = out.plan.source
     out.pending = (mode == "background" and used is not None and not used.measured
-                   and out.plan is None and bool(report.matches))
+                   and out.plan is None and (bool(report.matches) or DEFERRED_NOTE in report.notes))
     return out
 
 
@@ -268,6 +270,9 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     used = None
     if auto:
         used = tuning if tuning is not None else auto_tuning(model, patterns, sess_options, mode)
+    if used is not None and _deferred(mode, tuning, used):  # nothing known: the live tuning finds the matches
+        report = FusionReport(patterns=list(patterns), reason=UNKNOWN_YET, notes=[DEFERRED_NOTE])
+        return None, report, None, used
     keep = used.keep_rule(model) if used is not None else None
     depends: list | None = []  # files whose change makes this plan stale; None: the plan must not be cached
     failure = (used.failure or "") if used is not None else ""
@@ -282,8 +287,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     if not report.applied:
         if auto and report.matches:
             report.reason = (f"fusion='auto': tuning failed ({failure}); stock ORT" if failure else
-                             "fusion='auto': no decisions for this model on this machine yet; stock ORT"
-                             if used is not None and not used.measured else
+                             UNKNOWN_YET if used is not None and not used.measured else
                              "fusion='auto': no fusion was measured to beat ORT on this machine; stock ORT")
         return None, report, depends, used
     data = fused.SerializeToString()
@@ -303,6 +307,17 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
         report.notes.append(layout.note if layout is not None else why_not)
     plan = Plan(data, report, set(report.disabled_ort_optimizers), needs_custom_ops, native, reference)
     return plan, report, depends, used
+
+
+UNKNOWN_YET = "fusion='auto': no decisions for this model on this machine yet; stock ORT"
+DEFERRED_NOTE = "auto: matches not looked for at creation; the live tuning finds and measures them"
+
+
+def _deferred(mode: str, tuning, used) -> bool:
+    """Background auto with nothing known for the model here: the session is created on stock ORT
+    without looking for matches (``fuse`` imports and type-checks what the creating thread need not
+    wait for); the live tuning finds them."""
+    return mode == "background" and tuning is None and not used.measured and not used.failure
 
 
 def auto_tuning(model: onnx.ModelProto, patterns, sess_options, mode: str):

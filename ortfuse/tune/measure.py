@@ -47,6 +47,7 @@ from ortfuse.kernels import registry
 from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
 from ortfuse.runtime.reference_runs import run_guarded
 from ortfuse.runtime.session_options import PRECISION_OPTION, measuring_options
+from ortfuse.tune import yielding
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
 
 BUDGET_S = 30.0  # wall time of one measure(): matches not reached by then are left to ORT, unmeasured
@@ -218,7 +219,7 @@ def _capture(model: onnx.ModelProto, tensors: set[str], sample: dict) -> dict[st
     so = _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, 0)
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=CPU)
     names = [o.name for o in sess.get_outputs()]
-    values = dict(zip(names, sess.run(None, sample)))
+    values = dict(zip(names, yielding.run_session(sess, sample)))
     values.update(sample)
     return {t: values[t] for t in wanted}
 
@@ -245,8 +246,8 @@ def _fused_runner(fused: onnx.ModelProto, sess_options, disabled_optimizers=()) 
     extra = {"disabled_optimizers": set(disabled_optimizers)} if disabled_optimizers else {}
     sess = ort.InferenceSession(fused.SerializeToString(), sess_options, providers=CPU, **extra)
     if reference_inputs is None:
-        return (lambda feeds: sess.run(None, feeds)), ""
-    return (lambda feeds: run_guarded(sess.run, None, False, None, feeds)), ""
+        return (lambda feeds: yielding.run_session(sess, feeds)), ""
+    return (lambda feeds: yielding.run(lambda options: run_guarded(sess.run, options, False, None, feeds))), ""
 
 
 def _fuse_and_open(model, ids, sess_options, keep=None, precision: str = registry.FP32, *, disable: bool = True):
@@ -282,7 +283,7 @@ def _measure_subgraph(micro: onnx.ModelProto, micro_feeds: dict, pattern_id: str
 
 def _verdict(stock, fused: Callable, micro_feeds: dict, pattern_id: str, precision: str) -> Decision:
     """Outputs checked against ORT's, then the fused subgraph timed against ORT's: keep or not, why."""
-    expected, got = stock.run(None, micro_feeds), fused(micro_feeds)
+    expected, got = yielding.run_session(stock, micro_feeds), fused(micro_feeds)
     for e, g in zip(expected, got):
         rtol, atol = CHECK_RTOL, CHECK_ATOL
         if precision == registry.BF16:
@@ -291,7 +292,7 @@ def _verdict(stock, fused: Callable, micro_feeds: dict, pattern_id: str, precisi
         if e.shape != g.shape or not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
             return Decision(pattern_id, [], False, f"auto: fused output differs from ORT's beyond rtol {rtol:g}, "
                                                    f"atol {atol:g}; left to ORT (run `ortfuse verify`)")
-    fused_run, ort_run = (lambda: fused(micro_feeds)), (lambda: stock.run(None, micro_feeds))
+    fused_run, ort_run = (lambda: fused(micro_feeds)), (lambda: yielding.run_session(stock, micro_feeds))
     fused_ms, ort_ms = _best_of(fused_run, ort_run, 3)
     if fused_ms > CLEAR_LOSS * ort_ms:  # far behind: no need to time it precisely
         return Decision(pattern_id, [], False, f"auto: fused {fused_ms:.3f} ms vs ORT {ort_ms:.3f} ms on its subgraph "
@@ -314,9 +315,7 @@ def _best_of(fused_run, ort_run, n: int) -> tuple[float, float]:
     best = {"fused": float("inf"), "ort": float("inf")}
     for _ in range(n):
         for name, fn in (("fused", fused_run), ("ort", ort_run)):
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+            best[name] = min(best[name], yielding.timed(fn))
     return best["fused"], best["ort"]
 
 
@@ -328,7 +327,7 @@ def _time_pair(fused_run, ort_run, budget_s: float) -> tuple[float, float, list[
     ort_run()
     once = max(time.perf_counter() - t0, 1e-6)
     runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / REPEATS / once)))
-    raw = protocol.measure({"fused": fused_run, "ort": ort_run}, runs=runs, repeats=REPEATS, warmup=1)
+    raw = yielding.measure({"fused": fused_run, "ort": ort_run}, runs=runs, repeats=REPEATS, warmup=1)
     p50 = {k: statistics.median(protocol.p50_per_repeat(v)) for k, v in raw.items()}
     return p50["fused"], p50["ort"], protocol.ratio_per_repeat(raw["fused"], raw["ort"])
 
@@ -340,7 +339,8 @@ def _check_model(model, ids, tuning: Tuning, level, threads, sample, precision: 
     # a model fuse rewrote runs as a session runs a saved-fused model: no ORT optimizer disabled
     fused, report = _fuse_and_open(model, ids, _options(level, threads, precision), tuning.keep_rule(), precision,
                                    disable=False)
-    fused_ms, ort_ms, ratios = _time_pair(lambda: fused(sample), lambda: stock.run(None, sample), MODEL_BUDGET_S)
+    fused_ms, ort_ms, ratios = _time_pair(lambda: fused(sample), lambda: yielding.run_session(stock, sample),
+                                        MODEL_BUDGET_S)
     ratio = fused_ms / ort_ms
     return {"fused_ms": fused_ms, "ort_ms": ort_ms, "ratio": ratio, "ratios": ratios,
             "passed": ratio <= MODEL_LIMIT and max(ratios) < 1, "fused_ops": len(report.fused)}

@@ -30,6 +30,7 @@ from ortfuse.kernels import ranking, registry
 from ortfuse.kernels.selection import choose_kernel
 from ortfuse.runtime.op_registration import with_custom_ops
 from ortfuse.runtime.session_options import measuring_options
+from ortfuse.tune import yielding
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
 KEEP_LIMIT = 0.99  # auto keeps a class when its kernel runs the whole model at most this fraction of ORT's
@@ -139,7 +140,8 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
     import onnxruntime as ort
 
     so = measuring_options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, threads=threads, spinning=False)
-    reference = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    reference = yielding.run_session(ort.InferenceSession(model.SerializeToString(), so,
+                                                          providers=["CPUExecutionProvider"]), feeds)
     stock = ort.InferenceSession(model.SerializeToString(),
                                  measuring_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=threads,
                                                    spinning=False), providers=["CPUExecutionProvider"])
@@ -152,7 +154,7 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
         # node names identify a class's matches in the tuner's report (unnamed nodes: none recorded)
         result.matches = [[n.name for n in m.nodes] for m in members.get(key, []) if all(n.name for n in m.nodes)]
         results.append(result)
-        runners: dict[str, Callable] = {STOCK: lambda: stock.run(None, feeds)}
+        runners: dict[str, Callable] = {STOCK: lambda: yielding.run_session(stock, feeds)}
         for kid in kernel_ids:
             if time.perf_counter() - start >= budget_s:
                 result.dropped[kid] = f"not timed: the ranking's budget of {budget_s:g} s was spent"
@@ -161,14 +163,14 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
                             precision=precision)
             try:
                 sess = _session(fused, threads)
-                out = sess.run(None, feeds)
+                out = yielding.run_session(sess, feeds)
             except Exception as exc:  # a candidate ORT cannot load or run here is not ranked
                 result.dropped[kid] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 continue
             if not _close(out, reference):
                 result.dropped[kid] = f"outputs differ from stock ORT's beyond rtol {RTOL:g}, atol {ATOL:g}"
                 continue
-            runners[kid] = (lambda s=sess: s.run(None, feeds))
+            runners[kid] = (lambda s=sess: yielding.run_session(s, feeds))
         if static not in runners or len(runners) < 3:  # nothing to compare: no order is stored for it
             continue
         if progress:
@@ -179,7 +181,7 @@ def rank(model: onnx.ModelProto, ids, feeds: dict, threads: int = 0, budget_s: f
         once = max(time.perf_counter() - t0, 1e-6)
         share = max(budget_s - (time.perf_counter() - start), 0.0) / (len(classes) - i)  # this class's time
         runs = int(min(MAX_RUNS, max(MIN_RUNS, share / REPEATS / once)))
-        raw = protocol.measure(runners, runs=runs, repeats=REPEATS, warmup=1)
+        raw = yielding.measure(runners, runs=runs, repeats=REPEATS, warmup=1)
         for kid, lat in raw.items():
             result.p50_ms[kid] = statistics.median(protocol.p50_per_repeat(lat))
             result.ratios[kid] = protocol.ratio_per_repeat(lat, raw[static])
