@@ -456,13 +456,18 @@ def test_eltwise_chain_inside_decomposed_layernorm_is_left_to_ort():
 
 
 def test_bias_and_skip_adds_before_layernorm_are_left_to_ort():
-    """The bias Add and residual Add feeding a LayerNorm are ORT's (SkipLayerNormalization)."""
+    """The bias Add and residual Add feeding a LayerNorm are never an elementwise chain: left to ORT
+    (SkipLayerNormalization) when only eltwise_chain runs, taken by skip_layernorm when it runs too."""
     b = GraphBuilder()
     x, y = b.input("x", [2, 3, 8]), b.input("y", [2, 3, 8])
     biased = b.op("Add", [x, b.init(b.weight(8))], name="bias")
     skip = b.op("Add", [biased, y], name="skip")
     b.output(_layernorm(b, skip, 8))
-    _, _report = assert_rejected(case(b), "eltwise_chain", "left to ORT", nodes=["bias", "skip"], others_fused=[])
+    assert_rejected(case(b), "eltwise_chain", "left to ORT", nodes=["bias", "skip"], patterns=["eltwise_chain"],
+                    others_fused=[])
+    _, report = fuse(case(b).model)
+    taken = {m.pattern_id: sorted(m.nodes) for m in report.fused}
+    assert "eltwise_chain" not in taken and {"bias", "skip"} <= set(taken.get("skip_layernorm", [])), report.table()
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64], ids=["float16", "float64"])
