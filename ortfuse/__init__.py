@@ -40,6 +40,8 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("ortfuse.backend")
+    if not name.startswith("_") and hasattr(_ort, name):  # a submodule of onnxruntime imported later
+        return getattr(_ort, name)                       # (e.g. onnxruntime.transformers)
     raise AttributeError(f"module 'ortfuse' has no attribute {name!r}")
 
 

@@ -331,7 +331,10 @@ def test_the_tuning_stops_when_its_budget_is_spent(winning):
     for feeds in _feeds():
         session.run(None, feeds)
     assert session.wait_tuned(WAIT_S)
-    assert session.fusion_status.startswith("stock ORT: tuning stopped: it worked 0.002 s"), session.fusion_status
+    # the work budget (2 budgets of tuning work) or, on a loaded machine, the wall-clock one (4 budgets)
+    assert session.fusion_status.startswith(("stock ORT: tuning stopped: it worked 0.002 s",
+                                             "stock ORT: tuning stopped: served runs left too little idle time: "
+                                             "0.004 s passed")), session.fusion_status
     assert not session.fusion_report.applied
     _check(session, _stock(model), ffn_inputs())
 
