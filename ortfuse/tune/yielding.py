@@ -22,7 +22,6 @@ Contract, with a yielder installed:
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -166,28 +165,5 @@ def measure(runners: Mapping[str, Callable[[], object]], *, runs: int, repeats: 
     yielder installed, every timing is one that no served run overlapped (``Yielder.timed``) and
     the warm-up passes are runs that yield."""
     yielder = current()
-    if yielder is None:
-        return protocol.measure(runners, runs=runs, repeats=repeats, warmup=warmup)
-    if repeats < 1 or runs < 1:
-        raise ValueError(f"runs and repeats must be >= 1, got runs={runs}, repeats={repeats}")
-    names = list(runners)
-    out: dict[str, list[list[float]]] = {name: [] for name in names}
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            for order in protocol.interleave(names, warmup):
-                for name in order:
-                    runners[name]()
-            lat: dict[str, list[float]] = {name: [] for name in names}
-            for order in protocol.interleave(names, runs):
-                for name in order:
-                    lat[name].append(yielder.timed(runners[name]))
-            for name in names:
-                out[name].append(lat[name])
-            gc.collect()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return out
+    return protocol.measure(runners, runs=runs, repeats=repeats, warmup=warmup,
+                            time_run=yielder.timed if yielder is not None else None)
