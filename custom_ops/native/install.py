@@ -15,14 +15,14 @@ import threading
 from collections.abc import Iterable
 
 from ortfuse.custom_ops.native.availability import add_external_custom_op, unavailable_reason
+from ortfuse.custom_ops.native.lifetime import immortal
 from ortfuse.custom_ops.native.op_def import NativeOpDef
 from ortfuse.custom_ops.native.pool import DEFAULT_PARALLEL_MIN, POOL, set_threading
 
 log = logging.getLogger("ortfuse.native")
 
 _lock = threading.RLock()
-_registered: dict = {}  # op type -> its OpRecord (JIT) or the OpsLibrary holding its record
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_registered))  # ORT may call into the records at shutdown
+_registered: dict = immortal({})  # op type -> its OpRecord (JIT) or the OpsLibrary holding its record
 
 
 def _python_op_names() -> set[str]:

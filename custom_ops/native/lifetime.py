@@ -7,8 +7,6 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from numba import cfunc
-
 
 def immortal(obj):
     """Keep ``obj`` alive through interpreter shutdown, when module globals are cleared but ORT may
@@ -27,6 +25,8 @@ def compile_cfunc(fn, sig):
     with _lock:
         compiled = COMPILED.get(fn)
         if compiled is None:
+            from numba import cfunc  # here: importing this module (the pool, the library path) needs no numba
+
             compiled = cfunc(sig, cache=True)(fn)
             COMPILED[fn] = compiled
         return compiled

@@ -25,17 +25,13 @@ from ortfuse.custom_ops.native.layout import (
     POOL_WORDS,
     THREADING_MODES,
 )
+from ortfuse.custom_ops.native.lifetime import immortal
 
 DEFAULT_PARALLEL_MIN = 1 << 16
 _lock = threading.RLock()
 
 
-def _immortal(obj):
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))  # ORT may read it during interpreter shutdown
-    return obj
-
-
-POOL = _immortal((ctypes.c_int64 * POOL_WORDS)())
+POOL = immortal((ctypes.c_int64 * POOL_WORDS)())
 
 
 def set_threading(mode: str | None = None, parallel_min: int | None = None) -> tuple[str, int]:
