@@ -38,11 +38,11 @@ from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, element_count, fail, make_output, read_float_input
 from ortfuse.custom_ops.native.layout import ATTR_BASE, DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
+from ortfuse.custom_ops.native.ops.eltwise_chain.compute import T_BAD_PROGRAM, valid_program
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import (
     CHAIN_ATTRS,
     MAX_INPUTS,
     MAX_STEPS,
-    N_OPS,
     N_UNARY,
     W_ARGS,
     W_OPS,
@@ -70,26 +70,9 @@ B_PARAMS = B_OPERAND + MAX_STEPS
 ARGS_BYTES = 8 * (B_PARAMS + 2 * MAX_STEPS)
 PATTERN_BYTES = 4 * CHUNK * MAX_CHAIN_OPERANDS
 
-_T_BAD_PROGRAM = cstr("attributes chain_ops, chain_args and chain_params do not form a valid program "
-                      "(see ortfuse.custom_ops.native.ops.eltwise_chain)")
 _T_X = cstr("X must have rank 4 with channels a multiple of the attribute block (a divisor of 1024, at most 64)")
 _T_OPERAND = cstr("each operand must have X's shape, one value per channel ([N or 1, C, 1, 1] or [C, 1, 1]) "
                   "or one element")
-
-
-@njit(cache=True)
-def _valid_program(kernel, n_operands):
-    steps = slot_i64(kernel, W_OPS)
-    if steps < 1 or slot_i64(kernel, W_ARGS) != steps or slot_i64(kernel, W_PARAMS) != 2 * steps:
-        return False
-    for s in range(steps):
-        code = slot_i64(kernel, W_OPS + 1 + s)
-        operand = slot_i64(kernel, W_ARGS + 1 + s)
-        if code < 0 or code >= N_OPS or (code < N_UNARY) != (operand == -1):
-            return False
-        if code >= N_UNARY and (operand < 0 or (operand >> 1) >= n_operands):
-            return False
-    return True
 
 
 @njit(cache=True)
@@ -121,8 +104,8 @@ def compute_blocked_chain(kernel, ctx):
     st = check_input_count(api, ctx, kernel, nin)
     if st != 0:
         return st
-    if not _valid_program(kernel, nin - 1):
-        return fail(api, kernel, _T_BAD_PROGRAM)
+    if not valid_program(kernel, nin - 1):
+        return fail(api, kernel, T_BAD_PROGRAM)
     args = stack_bytes(ARGS_BYTES)
     steps = slot_i64(kernel, W_OPS)
     for j in range(nin):

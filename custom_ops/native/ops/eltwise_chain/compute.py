@@ -38,12 +38,14 @@ from ortfuse.custom_ops.native.ops.eltwise_chain.walk import collapse
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
 
-_T_BAD_PROGRAM = cstr("attributes chain_ops, chain_args and chain_params do not form a valid program "
+T_BAD_PROGRAM = cstr("attributes chain_ops, chain_args and chain_params do not form a valid program "
                       "(see ortfuse.custom_ops.native.ops.eltwise_chain)")
 
 
 @njit(cache=True)
-def _valid_program(kernel, n_operands):
+def valid_program(kernel, n_operands):
+    """Do the chain attributes in the slot form a program over ``n_operands`` operands (step counts
+    agree, known op codes, an operand exactly for the binary steps)? Shared with blocked_chain."""
     steps = slot_i64(kernel, W_OPS)
     if steps < 1 or slot_i64(kernel, W_ARGS) != steps or slot_i64(kernel, W_PARAMS) != 2 * steps:
         return False
@@ -66,8 +68,8 @@ def compute_chain(kernel, ctx):
     st = check_input_count(api, ctx, kernel, nin)
     if st != 0:
         return st
-    if not _valid_program(kernel, nin - 1):
-        return fail(api, kernel, _T_BAD_PROGRAM)
+    if not valid_program(kernel, nin - 1):
+        return fail(api, kernel, T_BAD_PROGRAM)
     scratch = stack_bytes(SCRATCH_BYTES)
     dims = scratch
     do = scratch + MAX_INPUTS * DIMS_BYTES
