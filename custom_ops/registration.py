@@ -157,20 +157,39 @@ def native_unavailable_reason(op_names=()) -> str | None:
     reason = unavailable_reason()
     if reason:
         return reason
-    missing = [n for n in op_names if n not in native_op_table()]
+    missing = [n for n in op_names if n not in native_op_types()]
     if missing:
         return f"no native kernel for {', '.join(missing)}"
     return _last_native_reason[0]
 
 
+def _library_ops():
+    """The loaded ops library when it answers for this process's native ops (no op was added with
+    ``add_native_op``), else None: planning then imports neither the op families nor numba."""
+    with _lock:
+        if _added:
+            return None
+    from ortfuse.custom_ops.aot.library import loaded
+
+    return loaded()
+
+
 def native_node_attrs(op_type: str, attrs: dict) -> dict:
     """The attributes the native kernel of ``op_type`` reads beyond its spec's, made from the match's
     ``attrs`` ({} when it reads none); ValueError when that kernel cannot run the match."""
+    lib = _library_ops()
+    if lib is not None:
+        ref = lib.node_attrs.get(op_type, "")
+        if not ref:
+            return {}
+        module, _, name = ref.partition(":")
+        return getattr(importlib.import_module(module), name)(attrs)
     op = native_op_table().get(op_type)
     return op.node_attrs(attrs) if op is not None and op.node_attrs is not None else {}
 
 
 def native_op_types() -> frozenset[str]:
     """Op types that have a native kernel in this process: fused ops (``OpSpec.name``) and their
-    native variants (float16, bf16)."""
-    return frozenset(native_op_table())
+    native variants (float16, bf16); read from the ops library when it is loaded."""
+    lib = _library_ops()
+    return frozenset(lib.ops) if lib is not None else frozenset(native_op_table())

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortfuse.custom_ops.aot import library, toolchain
-from ortfuse.custom_ops.registration import family_op_names, native_op_types
+from ortfuse.custom_ops.registration import family_op_names, native_op_table, native_op_types
 from ortfuse.custom_ops.specs import DOMAIN
 
 
@@ -47,6 +47,11 @@ def test_library_holds_every_native_op_for_this_level(lib_path):
     assert set(lib.ops) == set(family_op_names())
     assert lib.isa == library.level()
     assert all(addr != 0 for addr in lib.ops.values())
+    table = native_op_table()
+    for name, ref in lib.node_attrs.items():  # planning reads node_attrs from the library
+        fn = table[name].node_attrs
+        assert ref == ("" if fn is None else f"{fn.__module__}:{fn.__qualname__}"), name
+    assert any(lib.node_attrs.values())
 
 
 def test_plain_onnxruntime_runs_a_fused_model_with_only_the_library(tmp_path, lib_path, capsys):
@@ -98,8 +103,10 @@ def test_library_kernels_return_ort_errors_on_bad_input(lib_path):
         ort.InferenceSession(_single_op_model("FusedHardSwish"), so, providers=["CPUExecutionProvider"])
 
 
-def test_warm_fused_session_imports_neither_numba_nor_llvmlite(tmp_path, lib_path):
-    """Second process with the plan cached: the kernels come from the library."""
+def test_fused_sessions_import_neither_numba_nor_llvmlite(tmp_path, lib_path):
+    """With the library: the first process plans the model (empty plan cache: parses it, lowers the
+    chains with the library's ``node_attrs`` references), the second loads the cached plan; neither
+    imports numba or llvmlite, and both run native kernels from the library."""
     import models
 
     path = models.build("db_text_detector")
@@ -116,17 +123,18 @@ def test_warm_fused_session_imports_neither_numba_nor_llvmlite(tmp_path, lib_pat
         r = ref.run(None, {{inp.name: x.astype(np.float32)}})[0]
         print(float(np.abs(y - r).max() / np.abs(r).max()))
         from ortfuse.custom_ops.native.install import registered_ops
-        print(len(registered_ops()), "numba" in sys.modules, "llvmlite" in sys.modules)
+        chains = sorted(n for n in registered_ops() if n.startswith("FusedEltwiseChain"))
+        print(len(registered_ops()), len(chains), "numba" in sys.modules, "llvmlite" in sys.modules)
     """
     env = {"ORTFUSE_CACHE_DIR": str(tmp_path)}
-    first = _python(code, **env)  # plans (parses the model, may import numba)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = _python(code, **env)
-    assert second.returncode == 0, second.stderr[-2000:]
-    err, status = second.stdout.strip().split("\n")[-2:]
-    assert float(err) <= 1e-4
-    count, numba_loaded, llvm_loaded = status.split()
-    assert int(count) > 0 and numba_loaded == "False" and llvm_loaded == "False", second.stdout
+    for step in ("plans", "loads the cached plan"):
+        proc = _python(code, **env)
+        assert proc.returncode == 0, (step, proc.stderr[-2000:])
+        err, status = proc.stdout.strip().split("\n")[-2:]
+        assert float(err) <= 1e-4, step
+        count, chains, numba_loaded, llvm_loaded = status.split()
+        assert int(count) > 0 and int(chains) > 0, (step, proc.stdout)
+        assert numba_loaded == "False" and llvm_loaded == "False", (step, proc.stdout)
 
 
 def test_without_the_library_kernels_compile_in_process(tmp_path):

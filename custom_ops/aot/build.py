@@ -23,6 +23,7 @@ import re
 import sys
 import tempfile
 import time
+import types
 
 ALLOWED_UNDEFINED = re.compile(r"^(NRT_MemInfo_call_dtor|ortfuse_aot_failure|[a-z][a-z0-9]*)$")
 """Symbols the objects may leave to the glue, libc and libm (lower-case C names such as ``expf``);
@@ -72,6 +73,29 @@ def _records(all_units):
     return records, tokens
 
 
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def compile_cost(fn, seen: set | None = None) -> int:
+    """Bytes of Python bytecode numba compiles for ``fn``: its own and that of every function it
+    names, transitively (numba dispatchers through ``py_func``). A proxy for the unit's compile time,
+    known before compiling; the build starts the costliest units first."""
+    seen = set() if seen is None else seen
+    py = getattr(fn, "py_func", fn)
+    if not isinstance(py, types.FunctionType) or py in seen:
+        return 0
+    seen.add(py)
+    total = len(py.__code__.co_code)
+    for name in _code_names(py.__code__):
+        total += compile_cost(py.__globals__.get(name), seen)
+    return total
+
+
 def _compile_unit(job: tuple[int, str, str]) -> list[str]:
     """In a worker process: unit ``index`` into the object file ``out``; returns its undefined symbols."""
     from ortfuse.custom_ops.aot.objects import build_object
@@ -84,12 +108,17 @@ def _compile_unit(job: tuple[int, str, str]) -> list[str]:
 
 def _compile_all(n_units: int, isa: str, workdir: str, jobs: int) -> list[str]:
     """One object per unit, compiled by ``jobs`` worker processes that each take the next unit when
-    done (the units' compile times differ by 100x, so a fixed split would leave a worker idle)."""
+    done, costliest first (``compile_cost``): the units' compile times differ by 100x, and a long
+    unit started last would leave the other workers idle."""
     import multiprocessing
 
     outs = [os.path.join(workdir, f"unit{i}.o") for i in range(n_units)]
-    jobs_list = [(i, isa, outs[i]) for i in range(n_units)]
-    with multiprocessing.get_context("spawn").Pool(max(1, min(jobs, n_units))) as pool:
+    all_units = units()
+    order = sorted(range(n_units), key=lambda i: -compile_cost(all_units[i].fn))
+    jobs_list = [(i, isa, outs[i]) for i in order]
+    from ortfuse.custom_ops.aot.objects import skip_jit_codegen
+
+    with multiprocessing.get_context("spawn").Pool(max(1, min(jobs, n_units)), initializer=skip_jit_codegen) as pool:
         undefined = set().union(*pool.imap_unordered(_compile_unit, jobs_list, chunksize=1))
     bad = sorted(s for s in undefined if not ALLOWED_UNDEFINED.match(s))
     if bad:

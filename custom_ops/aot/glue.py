@@ -12,7 +12,9 @@ functions) and the entry points (docs/ARCHITECTURE.md §6b):
   ortfuse's own sessions add to onnxruntime-extensions (``AddExternalCustomOp``) as the JIT path does;
 * ``ortfuse_aot_use_pool(pool)``: point every record at the caller's pool block (the process's one
   set of counters and threading settings) instead of the library's own;
-* ``ortfuse_aot_info()``: ``"key=<library key>;isa=<level>"``, checked when the library is loaded.
+* ``ortfuse_aot_info()``: ``"key=<library key>;isa=<level>"``, checked when the library is loaded;
+* ``ortfuse_aot_node_attrs(i)``: ``"module:function"`` of the op's ``NativeOpDef.node_attrs`` (""
+  for none), so that planning a model needs neither the op families nor numba.
 
 Records are recovered from memory: ``OpRecord``s are built with *tokens* in place of function and
 pool addresses, and every word that holds a token or points into one of the record's own buffers
@@ -22,6 +24,7 @@ becomes a symbol reference in C; every other word is a plain integer.
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 
 from ortfuse.custom_ops import abi
@@ -121,9 +124,20 @@ def _metadata_functions(ir_callbacks: dict) -> list[str]:
     return out
 
 
+def _function_ref(fn) -> str:
+    """``module:qualname`` of a module-level function, "" for None."""
+    if fn is None:
+        return ""
+    ref = f"{fn.__module__}:{fn.__qualname__}"
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", ref):
+        raise ValueError(f"node_attrs must be a module-level function, not {ref}")
+    return ref
+
+
 def c_source(records, tokens: Tokens, ir_callbacks: dict, unit_symbols: list[str], *, key: str, isa: str,
              domain: str, parallel_min: int) -> str:
-    """The glue's C source for ``records`` (``OpRecord``s built with ``tokens``)."""
+    """The glue's C source for ``records`` (``OpRecord``s built with ``tokens``); each record's op
+    definition names its ``node_attrs`` function (``module:qualname``) for ``ortfuse_aot_node_attrs``."""
     blocks = _collect(records)
     lines = ["#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", ""]
     lines += [f"extern void {s}(void);" for s in unit_symbols]
@@ -146,6 +160,8 @@ def c_source(records, tokens: Tokens, ir_callbacks: dict, unit_symbols: list[str
                  + ", ".join(f"ortfuse_rec_{i}" for i in range(n)) + "};")
     lines.append(f"static char* const ortfuse_names[{max(n, 1)}] = {{"
                  + ", ".join(f"ortfuse_name_{i}" for i in range(n)) + "};")
+    lines.append(f"static const char* const ortfuse_node_attrs[{max(n, 1)}] = {{"
+                 + ", ".join(f'"{_function_ref(r.op_def.node_attrs)}"' for r in records) + "};")
     info = f"key={key};isa={isa}"
     create_domain, domain_add, add_domain = (abi.REGISTRATION_API_INDEX[k] for k in
                                              ("CreateCustomOpDomain", "CustomOpDomain_Add", "AddCustomOpDomain"))
@@ -167,6 +183,7 @@ int64_t ortfuse_aot_count(void) {{ return {n}; }}
 const char* ortfuse_aot_name(int64_t i) {{ return (i >= 0 && i < {n}) ? ortfuse_names[i] : NULL; }}
 void* ortfuse_aot_op(int64_t i) {{ return (i >= 0 && i < {n}) ? (void*)ortfuse_records[i] : NULL; }}
 const char* ortfuse_aot_info(void) {{ return "{info}"; }}
+const char* ortfuse_aot_node_attrs(int64_t i) {{ return (i >= 0 && i < {n}) ? ortfuse_node_attrs[i] : NULL; }}
 
 void ortfuse_aot_use_pool(int64_t pool) {{
   for (int64_t i = 0; i < {n}; i++) ortfuse_records[i][{ext_pool}] = (void*)pool;

@@ -89,7 +89,8 @@ def _configured_path() -> Path:
 
 
 class OpsLibrary:
-    """A loaded ops library: ``ops`` maps op type -> address of its ``OrtCustomOp`` record."""
+    """A loaded ops library: ``ops`` maps op type -> address of its ``OrtCustomOp`` record,
+    ``node_attrs`` op type -> where its ``node_attrs`` function lives."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -98,14 +99,17 @@ class OpsLibrary:
                                 ("ortfuse_aot_name", ctypes.c_char_p, [ctypes.c_int64]),
                                 ("ortfuse_aot_op", ctypes.c_void_p, [ctypes.c_int64]),
                                 ("ortfuse_aot_info", ctypes.c_char_p, []),
+                                ("ortfuse_aot_node_attrs", ctypes.c_char_p, [ctypes.c_int64]),
                                 ("ortfuse_aot_use_pool", None, [ctypes.c_int64])):
             fn = getattr(self.cdll, name)
             fn.restype, fn.argtypes = res, args
         info = dict(part.split("=", 1) for part in self.cdll.ortfuse_aot_info().decode().split(";"))
         self.isa = info.get("isa", "")
         self.key = info.get("key", "")
-        self.ops = {self.cdll.ortfuse_aot_name(i).decode(): int(self.cdll.ortfuse_aot_op(i))
-                    for i in range(self.cdll.ortfuse_aot_count())}
+        count = range(self.cdll.ortfuse_aot_count())
+        self.ops = {self.cdll.ortfuse_aot_name(i).decode(): int(self.cdll.ortfuse_aot_op(i)) for i in count}
+        self.node_attrs = {self.cdll.ortfuse_aot_name(i).decode(): self.cdll.ortfuse_aot_node_attrs(i).decode()
+                           for i in count}
 
     def use_pool(self, pool_address: int) -> None:
         self.cdll.ortfuse_aot_use_pool(pool_address)

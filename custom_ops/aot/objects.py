@@ -88,6 +88,27 @@ def _linked_modules(library, seen: set) -> list:
     return found
 
 
+def skip_jit_codegen() -> None:
+    """In a build process: numba's JIT emits machine code for every library it finalizes (each
+    njit dependency is finalized so its IR can be linked into the unit), code the build never runs;
+    that code generation runs at LLVM's O0 here. The IR passes, whose output the object is made
+    from, keep numba's levels. numba creates its JIT at the first ``@njit`` decoration, so this runs
+    before any kernel module is imported (a worker's initializer). Measure with ``ortfuse
+    ops-library --rebuild --json`` (compile_s)."""
+    from numba.core import codegen
+
+    if getattr(codegen.JITCPUCodegen, "_ortfuse_unoptimized_jit", False):
+        return
+    options_of = codegen.JITCPUCodegen._customize_tm_options
+
+    def options(self, tm_options):
+        options_of(self, tm_options)
+        tm_options["opt"] = 0
+
+    codegen.JITCPUCodegen._customize_tm_options = options
+    codegen.JITCPUCodegen._ortfuse_unoptimized_jit = True
+
+
 def _compile(unit: Unit):
     """numba's compile result for one unit, uncached (its library keeps the LLVM IR)."""
     from numba.core.ccallback import CFunc

@@ -41,14 +41,22 @@ Math: see ``steps``.
 
 from __future__ import annotations
 
-from ortfuse.custom_ops.native.op_def import NativeOpDef
-from ortfuse.custom_ops.native.ops.eltwise_chain.compute import compute_chain
-from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import CHAIN_ATTRS, node_attrs
-from ortfuse.custom_ops.native.ops.eltwise_chain.walk import chain_worker
-from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
 
-NATIVE_OPS = tuple(
-    NativeOpDef(f"FusedEltwiseChain{k}", ("X",) + tuple(f"C{i}" for i in range(k)), compute_chain, chain_worker,
-                attrs=CHAIN_ATTRS, node_attrs=node_attrs)
-    for k in range(MAX_CHAIN_OPERANDS + 1)
-)
+def __getattr__(name: str):
+    """``NATIVE_OPS``, made on first access: importing ``encoding`` alone (planning a model with the
+    ops library) then imports no numba code."""
+    if name != "NATIVE_OPS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ortfuse.custom_ops.native.op_def import NativeOpDef
+    from ortfuse.custom_ops.native.ops.eltwise_chain.compute import compute_chain
+    from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import CHAIN_ATTRS, node_attrs
+    from ortfuse.custom_ops.native.ops.eltwise_chain.walk import chain_worker
+    from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
+
+    ops = tuple(
+        NativeOpDef(f"FusedEltwiseChain{k}", ("X",) + tuple(f"C{i}" for i in range(k)), compute_chain,
+                    chain_worker, attrs=CHAIN_ATTRS, node_attrs=node_attrs)
+        for k in range(MAX_CHAIN_OPERANDS + 1)
+    )
+    globals()["NATIVE_OPS"] = ops
+    return ops
