@@ -26,7 +26,9 @@ from . import cache, registry
 __all__ = ["DEFAULT", "NAMES", "build", "describe", "make", "resolve", "sample_inputs"]
 
 NAMES: tuple[str, ...] = tuple(registry.SPECS)
-DEFAULT = "resnet50"
+DEFAULT = "db_text_detector"
+"""``ortfuse bench`` without a model: a CNN where ORT leaves work unfused (resnet50, which ORT fuses
+whole, would show nothing)."""
 
 
 def describe(name: str) -> str:

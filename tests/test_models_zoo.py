@@ -121,7 +121,7 @@ def test_names_default_and_descriptions():
         "picodet_layout",
         "yolov8n",
     }
-    assert models.DEFAULT == "resnet50" and models.DEFAULT in models.NAMES
+    assert models.DEFAULT == "db_text_detector" and models.DEFAULT in models.NAMES
     for name in models.NAMES:
         text = models.describe(name)
         assert text and "\n" not in text

@@ -1,6 +1,6 @@
 """``ortfuse bench``: stock onnxruntime against ortfuse, measured so that the ratios mean something.
 
-    ortfuse bench                                   # resnet50 (zoo default) at batch 1
+    ortfuse bench                                   # db_text_detector (zoo default) at batch 1
     ortfuse bench mlp_gemm_relu_gelu --batch 1,64
     ortfuse bench model.onnx --runs 100 --repeats 5 --json out.json --plot out.png
     ortfuse bench resnet50 --json benchmarks/results/   # -> benchmarks/results/bench-resnet50-<date>.json
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "models",
         nargs="*",
         metavar="MODEL",
-        help="path to an .onnx file or a zoo name (default: the zoo's default, resnet50)",
+        help="path to an .onnx file or a zoo name (default: the zoo's default, db_text_detector)",
     )
     parser.add_argument("--batch", type=_batches, default=[1], metavar="B[,B...]", help="batch sizes (default 1)")
     parser.add_argument(
