@@ -173,3 +173,22 @@ def test_toolchain_is_found_or_named(monkeypatch):
     monkeypatch.setattr(toolchain.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(toolchain.ToolchainError, match="pip install ziglang"):
         toolchain.compiler()
+
+
+def test_build_orders_units_by_the_bytecode_of_their_call_graph():
+    from ortfuse.custom_ops.aot.build import compile_cost, units
+
+    costs = {u.symbol: compile_cost(u.fn) for u in units()}
+    chain = next(v for k, v in costs.items() if k.endswith("walk_chain_worker"))
+    destroy = next(v for k, v in costs.items() if k.endswith("cb_kernel_destroy"))
+    assert chain > 5 * destroy > 0  # the chain worker calls the whole step library
+    assert compile_cost(_caller) == len(_caller.__code__.co_code) + len(_leaf.__code__.co_code)
+    assert compile_cost(None) == 0
+
+
+def _leaf(x):
+    return x + 1
+
+
+def _caller(x):
+    return _leaf(x) * 2 + _leaf(x)  # one callee counted once
