@@ -2,11 +2,15 @@
 form on both exporters' patterns against stock ORT at ORT_DISABLE_ALL (rtol 1e-4 of max |ref|),
 with padded rows, a row with every key masked, and scores in the thousands; which form applies where
 (the raw-mask forms need a mask built from a [batch, seq] attention_mask); mask values other than 0
-and 1 (exact only with the graph's own additive mask, the static first choice); shape errors coming
-back as ORT errors; and the two MiniLM zoo encoders, fused six times each.
+and 1 (exact only with the graph's own additive mask, the static first choice); attention without a
+mask; shape errors coming back as ORT errors; and the zoo encoders: the two MiniLM exports fused six
+times each, bert_encoder (no mask) four times.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import numpy as np
 import onnx
@@ -56,6 +60,31 @@ def _feeds(model: onnx.ModelProto, seed: int = 0, mask_values=(0, 1), full_row_m
     return feeds
 
 
+def _mask_column(model: onnx.ModelProto, transpose: onnx.NodeProto) -> bool:
+    """``transpose`` is the attention_bias form's Transpose of the mask, read only by a Shape."""
+    readers = [n for n in model.graph.node if transpose.output[0] in n.input]
+    perm = next(list(a.ints) for a in transpose.attribute if a.name == "perm")
+    return perm == [0, 1, 3, 2] and [n.op_type for n in readers] == ["Shape"]
+
+
+@pytest.mark.slow
+def test_layers_share_one_expanded_mask():
+    """The attention_bias form expands a [B, 1, 1, S] mask from the mask alone: ORT (ENABLE_ALL)
+    keeps one Expand for all six layers of the TorchScript encoder."""
+    from ortfuse import models
+
+    fused, report = fuse(models.make("minilm_encoder"), ["attention"], kernels="lowered:attention_bias")
+    assert len(report.fused) == 6
+    assert sum(n.op_type == "Expand" for n in fused.graph.node) == 6
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        ort.InferenceSession(fused.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(so.optimized_model_filepath)
+    assert sum(n.op_type == "Expand" for n in optimized.graph.node) == 1
+    assert sum(n.op_type == "Attention" for n in optimized.graph.node) == 6
+
+
 EXAMPLES = {
     "torchscript": lambda: attention._example("torchscript"),
     "dynamo": lambda: attention._example("dynamo"),
@@ -72,7 +101,8 @@ def test_every_form_matches_stock(example, form):
     ref = _stock(model, feeds)[0]
     fused, report = fuse(model, ["attention"], kernels=f"lowered:{form}")
     assert len(report.fused) == 1, report.reason
-    assert not any(n.op_type in ("Softmax", "Transpose") for n in fused.graph.node)
+    assert not any(n.op_type == "Softmax" for n in fused.graph.node)
+    assert not [n for n in fused.graph.node if n.op_type == "Transpose" and not _mask_column(fused, n)]
     ops = {n.op_type for n in fused.graph.node if n.domain == "com.microsoft"}
     assert ops == ({"Attention"} if form.startswith("attention") else {"MultiHeadAttention"})
     _close(_session(fused).run(None, feeds)[0], ref)
@@ -145,19 +175,54 @@ def test_match_reads_heads_scale_and_mask():
     assert cast.op_type == "Cast" and cast.input[0] == "attention_mask"
 
 
-def test_attention_without_mask_is_rejected_with_reason():
-    model = attention._example("torchscript")
+def _unmasked_model(style: str) -> onnx.ModelProto:
+    """The example with its padding mask cut out of the graph: Softmax of the scaled scores."""
+    model = attention._example(style)
     g = model.graph
     for n in g.node:
         if n.op_type == "Softmax":
             n.input[0] = "scores"
-    keep = [n for n in g.node if n.output[0] not in ("m4", "mf", "inverted", "bias", "biased")]
+    keep = [n for n in g.node if n.output[0] not in ("m4", "mf", "inverted", "masked", "bias", "biased")]
     del g.node[:]
     g.node.extend(keep)
     del g.input[1]
-    _, report = fuse(model, ["attention"])
-    assert not report.fused
-    assert any("without an additive mask" in m.reason for m in report.matches)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("style", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("form", FORMS)
+def test_attention_without_mask(style, form):
+    """Without a mask the bias forms run ORT's ops with no mask input (rtol 1e-4 of stock
+    ORT_DISABLE_ALL); the raw-mask forms have no mask to read and say so."""
+    model = _unmasked_model(style)
+    fused, report = fuse(model, ["attention"], kernels=f"lowered:{form}")
+    if form in RAW_MASK_FORMS:
+        assert not report.fused
+        assert any("has no mask" in m.reason for m in report.matches), [m.reason for m in report.matches]
+        return
+    assert len(report.fused) == 1, report.reason
+    op = next(n for n in fused.graph.node if n.domain == "com.microsoft")
+    assert len(op.input) == (3 if form == "attention_bias" else 4)  # x, W, b (or q, k, v, b): no mask
+    assert not any(n.op_type in ("Softmax", "Transpose") for n in fused.graph.node)
+    assert not any(t.name.endswith("no_mask") for t in fused.graph.initializer)
+    feeds = {"x": np.random.default_rng(4).uniform(-3, 3, (attention.B, attention.S, 8)).astype(np.float32)}
+    _close(_session(fused).run(None, feeds)[0], _stock(model, feeds)[0])
+
+
+def test_attention_without_mask_reference_matches_stock():
+    """The reference op of a match without a mask (its zero [1, 1, 1, 1] M) equals the graph."""
+    model = _unmasked_model("dynamo")
+    fused, report = fuse(model, ["attention"])
+    match = report.fused[0]
+    assert match.kernel.endswith("com.microsoft:Attention"), match.kernel
+    ix_inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = np.random.default_rng(5).uniform(-3, 3, (attention.B, attention.S, 8)).astype(np.float32)
+    w = np.concatenate([ix_inits[f"w{n}"] for n in "qkv"], axis=1)
+    b = np.concatenate([ix_inits[f"b{n}"] for n in "qkv"])
+    got = attention.reference(x, w, b, np.zeros((1, 1, 1, 1), np.float32), num_heads=attention.H,
+                              scale=1.0 / np.sqrt(attention.D))
+    _close(got, _stock(model, {"x": x})[0])
 
 
 def test_wrong_mask_shape_is_an_ort_error():
@@ -227,3 +292,19 @@ def test_dynamo_encoder_as_exported(encoders):
     feeds = _encoder_feeds(batch=1, seq=16)
     out = _session(model).run(None, feeds)[0]
     _close(out, _stock(model, feeds)[0])
+
+
+@pytest.mark.slow
+def test_bert_encoder_without_mask_fuses_every_layer():
+    """bert_encoder (constant Reshape targets, K^T by one Transpose [0, 2, 3, 1], no mask): each of
+    its 4 attentions becomes one maskless com.microsoft:Attention, within rtol 1e-4 of stock."""
+    from ortfuse import models
+
+    model = models.make("bert_encoder")
+    fused, report = fuse(model, ["attention"])
+    assert len(report.fused) == 4, [m.reason for m in report.matches]
+    ops = [n for n in fused.graph.node if n.op_type == "Attention"]
+    assert len(ops) == 4 and all(len(n.input) == 3 for n in ops)
+    assert not any(n.op_type == "Softmax" for n in fused.graph.node)
+    x = np.random.default_rng(6).standard_normal((2, 20, 768)).astype(np.float32)
+    _close(_session(fused).run(None, {"hidden_states": x})[0], _stock(model, {"hidden_states": x})[0])

@@ -18,7 +18,7 @@ EXPECTED = {
     "resnet50_const": {"conv_add_relu": 16, "conv_bn_relu": 37},
     # every FFN epilogue; each residual Add + decomposed LayerNorm becomes Sum -> LayerNormalization
     # (skip_layernorm), which ORT keeps, instead of the SkipLayerNormalization it would fuse.
-    "bert_encoder": {"gemm_relu_gelu": 4, "skip_layernorm": 8},
+    "bert_encoder": {"attention": 4, "gemm_relu_gelu": 4, "skip_layernorm": 8},
     "mlp_gemm_relu_gelu": {"gemm_relu_gelu": 7},
 }
 SLOW = {"resnet50", "resnet50_const", "bert_encoder", "minilm_encoder", "minilm_encoder_dynamo", "picodet_layout",

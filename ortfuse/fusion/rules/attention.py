@@ -4,14 +4,16 @@ Q/K/V projections to the heads merged back, as one FusedAttention lowered to ORT
 Matched (anchor: the Softmax): Q, K, V = x @ W + b (constant W, b; Add in either order); each
 Reshape to [.., .., heads, head size] (target constant or built from Shape nodes) and Transpose to
 [B, H, S, d]; K^T by Transpose; scores = Q K^T with the scale once (Div or Mul on the scores) or
-split over both sides (Mul on Q and on K^T, dynamo's SDPA); plus an additive mask; Softmax over the
-last axis; times V; Transpose and Reshape back to [B, S, hidden]. Heads and head size are read from
-the Reshape targets, the scale from the constants. The additive mask must be a float32 tensor of
-rank 4 that broadcasts to [B, H, S, S] along [B or 1, H or 1, S or 1, S]; other masks (a rank-2
-causal mask, a mask over the heads' size) and attention without a mask are left to ORT with the
-reason. When the mask is built from a [batch, seq] integer or bool ``attention_mask`` (TorchScript:
-(1 - mask) * c; dynamo: Hugging Face's Where(1 - mask, c, ...)), the match records it
-(``key_padding_mask``) and the value c added at its zeros, for the forms that take the raw mask.
+split over both sides (Mul on Q and on K^T, dynamo's SDPA); plus an additive mask, or none; Softmax
+over the last axis; times V; Transpose and Reshape back to [B, S, hidden]. Heads and head size are
+read from the Reshape targets, the scale from the constants. The additive mask must be a float32
+tensor of rank 4 that broadcasts to [B, H, S, S] along [B or 1, H or 1, S or 1, S]; other masks (a
+rank-2 causal mask, a mask over the heads' size) are left to ORT with the reason. Without a mask the
+match's M is a zero [1, 1, 1, 1] initializer and the bias forms pass no mask to ORT's ops (the
+raw-mask forms decline). When the mask is built from a [batch, seq] integer or bool
+``attention_mask`` (TorchScript: (1 - mask) * c; dynamo: Hugging Face's Where(1 - mask, c, ...)), the
+match records it (``key_padding_mask``) and the value c added at its zeros, for the forms that take
+the raw mask.
 
 Forms (ORT 1.32 CPU kernels; scale, heads from the match):
 
@@ -110,11 +112,11 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     candidates = [(pre.input[i], pre.input[1 - i]) for i in (0, 1)] if pre is not None else []
     found = next(((s, m, r) for s, m in candidates if (r := _scores(ix, s)) is not None), None)
     if found is None:
-        if _scores(ix, anchor.input[0]) is not None:
-            return Reject(ID, [anchor], "attention without an additive mask is not fused (no form for it yet)")
-        return None
+        unmasked = _scores(ix, anchor.input[0])
+        if unmasked is None:
+            return None
+        found, pre = (anchor.input[0], "", unmasked), None
     _, mask, (mm, scale, scale_nodes, (q_side, k_side)) = found
-    assert pre is not None
     q, k = heads(ix, q_side), key_transposed(ix, k_side)
     out_mm = ix.only_consumer(anchor.output[0])
     if out_mm is None or out_mm.op_type != "MatMul" or out_mm.input[0] != anchor.output[0]:
@@ -130,7 +132,7 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
         return None
     tail_nodes, output, out_target = merged
     core = (q.nodes + q.proj.nodes + k.nodes + k.proj.nodes + v.nodes + v.proj.nodes + [mm] + scale_nodes
-            + [pre, anchor, out_mm] + tail_nodes)
+            + ([pre] if pre is not None else []) + [anchor, out_mm] + tail_nodes)
     nodes = core + shape_nodes(ix, [q.target, k.target, v.target, out_target], core)
     x = q.proj.x
     h, d = q.heads, q.size
@@ -145,16 +147,19 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     shape = ix.shape(x)
     if not problem and (shape is None or len(shape) != 3):
         problem = f"input '{x}' is not known to be [batch, seq, hidden]: ORT's attention ops take rank 3"
-    problem = (problem or merged_width_problem(ix, out_target, hidden) or _mask_problem(ix, mask, h)
+    problem = (problem or merged_width_problem(ix, out_target, hidden) or (mask and _mask_problem(ix, mask, h))
                or float32_problem(ix, x, output) or intermediate_problem(ix, nodes, output))
     if problem:
         return Reject(ID, nodes, problem)
-    raw = padding_mask(ix, mask)
+    raw = padding_mask(ix, mask) if mask else None
     base = f"{ix.name_of(anchor)}_fused"
     w = np.concatenate([q.proj.w, k.proj.w, v.proj.w], axis=1).astype(np.float32)
     b = np.concatenate([q.proj.b, k.proj.b, v.proj.b]).astype(np.float32)
     inits = [numpy_helper.from_array(w, ix.unique_name(f"{base}_W")),
              numpy_helper.from_array(b, ix.unique_name(f"{base}_B"))]
+    if not mask:  # no mask: a zero additive mask [1, 1, 1, 1], which the lowering forms leave out
+        inits.append(numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32), ix.unique_name(f"{base}_no_mask")))
+        mask = inits[-1].name
     attrs = {"num_heads": h, "scale": float(scale), "key_padding_mask": raw[0] if raw else "",
              "mask_filter_value": float(raw[1]) if raw else 0.0}
     return Match(ID, "FusedAttention", nodes, [x, inits[0].name, inits[1].name, mask], output, attrs, inits)
@@ -184,12 +189,27 @@ SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
 # bias[3D], key_padding_mask, attention_bias): attention_bias must have the full [S, S]; a
 # key_padding_mask / mask_index int32 [B, S] adds mask_filter_value where it is 0.
 # ------------------------------------------------------------------------------------------------
+def unmasked(m: Match) -> bool:
+    """The match has no mask: its M is the zero [1, 1, 1, 1] initializer the matcher wrote."""
+    return any(t.name == m.inputs[3] for t in m.initializers)
+
+
 def _bias(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
-    """The additive mask as attention_bias: Expand(M, [1, 1, S, 1]) unless M already has S rows."""
+    """The additive mask as attention_bias [B|1, H|1, S, S]: M itself when it already has S rows;
+    Expand(M, Shape(Transpose(M, [0, 1, 3, 2]))) for a [B, H|1, 1, S] mask (built from M alone, so
+    every layer's copy is the same subexpression, which ORT computes once); else Expand(M, [1, 1, S,
+    1]) with S read from the input. No input ("") for a match without a mask."""
     mask, x = m.inputs[3], m.inputs[0]
+    if unmasked(m):
+        return [], [], ""
     m_shape, x_shape = ctx.shape(mask), ctx.shape(x)
     if m_shape and x_shape and m_shape[2] == x_shape[1] and m_shape[2] is not None:
         return [], [], mask
+    if m_shape and len(m_shape) == 4 and m_shape[2] == 1 and m_shape[3] != 1:
+        column, rows, out = ctx.fresh("mask_column"), ctx.fresh("mask_rows"), ctx.fresh("bias")
+        nodes = [node("Transpose", [mask], [column], perm=[0, 1, 3, 2]), node("Shape", [column], [rows]),
+                 node("Expand", [mask, rows], [out])]
+        return nodes, [], out
     seq, ones, one, dims, out = (ctx.fresh(n) for n in ("seq", "ones", "one", "rows", "bias"))
     index = numpy_helper.from_array(np.array([1], np.int64), ctx.fresh("seq_axis"))
     lead = numpy_helper.from_array(np.array([1, 1], np.int64), ones)
@@ -201,6 +221,8 @@ def _bias(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.Tenso
 
 
 def _key_padding(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], str] | str:
+    if unmasked(m):
+        return "the attention has no mask (the attention_bias and mha_bias forms run it)"
     if not m.attrs["key_padding_mask"]:
         return "the additive mask is not built from a [batch, seq] attention_mask"
     m32 = ctx.fresh("mask_int32")
@@ -214,7 +236,8 @@ def _common(m: Match) -> dict:
 # FusedAttention   ->   com.microsoft:Attention(x, W_qkv, b_qkv, attention_bias=M)
 def lower_attention_bias(m: Match, ctx: Context) -> Lowered | str:
     pre, inits, bias = _bias(m, ctx)
-    att = node("Attention", [*m.inputs[:3], "", "", bias], [m.output], domain=MS_DOMAIN, **_common(m))
+    inputs = [*m.inputs[:3], "", "", bias] if bias else m.inputs[:3]
+    att = node("Attention", inputs, [m.output], domain=MS_DOMAIN, **_common(m))
     return Lowered(pre + [att], inits)
 
 
@@ -243,7 +266,8 @@ def _split_qkv(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.
 def lower_mha_bias(m: Match, ctx: Context) -> Lowered | str:
     nodes, inits, (q, k, v) = _split_qkv(m, ctx)
     pre, more, bias = _bias(m, ctx)
-    mha = node("MultiHeadAttention", [q, k, v, m.inputs[2], "", bias], [m.output], domain=MS_DOMAIN, **_common(m))
+    inputs = [q, k, v, m.inputs[2], "", bias] if bias else [q, k, v, m.inputs[2]]
+    mha = node("MultiHeadAttention", inputs, [m.output], domain=MS_DOMAIN, **_common(m))
     return Lowered(nodes + pre + [mha], inits + more)
 
 
@@ -284,7 +308,8 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
              cross: bool = False, probs_out: bool = False) -> onnx.ModelProto:
     """``style`` "torchscript" (Div on the scores, (1 - m) * min mask, Shape-built targets) or
     "dynamo" (Mul(sqrt scale) on Q and K^T, Where mask over an Expand); ``mask`` "padding" (from an
-    int64 attention_mask) or "rank2" (a float [S, S] input added to the scores)."""
+    int64 attention_mask), "rank2" (a float [S, S] input added to the scores) or "none" (Softmax of
+    the scaled scores)."""
     hidden = H * D
     rng = np.random.default_rng(7)
     inits = {"min": np.float32(np.finfo(np.float32).min), "one": np.float32(1.0),
@@ -315,7 +340,7 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
     dtypes = {}
     if mask == "rank2":
         inputs["bias"] = [S, S]
-    else:
+    elif mask != "none":
         inputs["attention_mask"] = [B, S]
         dtypes["attention_mask"] = TensorProto.INT64
         nodes += [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["m4"]),
@@ -326,8 +351,9 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
         else:
             nodes += [helper.make_node("Cast", ["inverted"], ["masked"], to=TensorProto.BOOL),
                       helper.make_node("Where", ["masked", "min", "inverted"], ["bias"])]
-    nodes += [helper.make_node("Add", ["scores", "bias"], ["biased"]),
-              helper.make_node("Softmax", ["biased"], ["probs"], axis=-1),
+    if mask != "none":
+        nodes.append(helper.make_node("Add", ["scores", "bias"], ["biased"]))
+    nodes += [helper.make_node("Softmax", ["scores" if mask == "none" else "biased"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "v_h"], ["ctx"]),
               helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ctx_t", "merged"], ["out"])]
@@ -349,6 +375,7 @@ RULE = PatternRule(
         Example("torchscript_bert_attention", _example),
         Example("dynamo_sdpa_attention", lambda: _example("dynamo")),
         Example("large_scores", lambda: _example("dynamo", weight_scale=4.0)),
+        Example("no_mask", lambda: _example(mask="none")),
         Example("rank2_float_mask", lambda: _example(mask="rank2"),
                 reason="has rank 2, not the [batch, 1 or heads, seq, seq] of a padding mask"),
         Example("cross_attention", lambda: _example(cross=True), reason="projections of different tensors"),
