@@ -4,6 +4,9 @@
   clip, add_relu, broadcast add_relu) and the bias + activation epilogue of GEMM/Conv. Contract and
   API in its docstring. Their float32 transcendental math is ``custom_ops.vecmath`` (§10).
 - ``amx``: AMX bf16 tiles, bf16 conversion and weight packing for the bf16 GEMM.
+- ``winograd``: the blocks of the Winograd F(4x4,3x3) convolution on NCHWc blocks (input and output
+  transforms, the register-blocked product per tile position); ``conv_filters`` (numpy only, no
+  numba: planning imports it) transforms filters and holds the float64 references.
 
 Decisions behind the kernels (measure with ``python tools/kernel_bench.py --dispatcher`` and
 ``--threshold``):

@@ -1,7 +1,9 @@
 """The layout step of a plan: the fused model optimized by ORT itself (ORT_ENABLE_ALL, its NCHWc
 transformer blocking the convolutional regions), then the ops ORT left between reorder pairs run
 blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions of layout-agnostic
-ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize). The graph ORT writes is
+ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize), then 3x3 convs as native
+Winograd kernels and stride-2 ConvTransposes read from blocks where they measure faster here
+(``winograd``, ``deconv``). The graph ORT writes is
 what the session loads; reloading it at any optimization level gives the same graph, and it holds
 for this machine only (the block size is this CPU's), as every plan does (the plan cache is keyed
 by the CPU).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import onnx
 
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, regions
+from ortfuse.layout import blocked_scale, deconv, regions, winograd
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -63,10 +65,11 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     if len(data) > MAX_BYTES:
         return None, "layout: the model is too large to optimize twice"
     shape = GraphIndex(original).shape  # dims from ONNX shape inference, as the matchers see them
-    if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else regions.may_move(n)
+    if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else
+               regions.may_move(n) or n.op_type == "ConvTranspose" or winograd.may_replace(n, fused.graph)
                for n in fused.graph.node):
         return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
-                      "native elementwise op, Split, Concat, Resize)")
+                      "native elementwise op, Split, Concat, Resize, ConvTranspose) and no 3x3 conv for Winograd")
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         so.log_severity_level = 3
@@ -86,13 +89,26 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         grown, failed = regions.run_blocked_regions(optimized.graph, shape, block), ""
     except Exception as exc:  # never worse than the plan without regions
         grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
-    if not moved and not grown.regions:
+    threads = sess_options.intra_op_num_threads if sess_options is not None else 0
+    try:
+        wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads))
+    except Exception as exc:  # never worse than the plan without them
+        wino, failed = winograd.WinogradResult(), failed + f"; convs left to ORT ({type(exc).__name__}: {exc})"
+    try:
+        hw = winograd.spatial_dims(optimized.graph, shape)
+        up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads))
+    except Exception as exc:  # never worse than the plan without them
+        up, failed = deconv.DeconvResult(), failed + f"; ConvTransposes left to ORT ({type(exc).__name__}: {exc})"
+    if not moved and not grown.regions and not wino.replaced and not up.replaced:
         return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT){failed}"
     after = blocked_scale.reorder_count(optimized.graph)
     done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
     done += [grown.summary()] if grown.regions else []
+    done += [wino.summary()] if wino.replaced else []
+    done += [up.summary()] if up.replaced else []
     left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(optimized.graph).items()))
     note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {before} -> {after}"
             + (f" (left where a region meets {left})" if left else "") + failed)
-    native = frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
+    native = (frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
+              | frozenset({winograd.OP} if wino.replaced else set()) | frozenset(up.ops()))
     return Layout(optimized, native, note), ""

@@ -1,0 +1,261 @@
+"""Winograd convolutions in blocked regions: ORT's NCHWc 3x3 stride-1 Convs replaced by ortfuse's
+``FusedWinogradConvBlocked`` where it measures faster on this machine (docs/ARCHITECTURE.md §9).
+
+In the graph ORT optimized, a ``com.microsoft.nchwc:Conv`` with a 3x3 filter, stride 1, pads 1, no
+dilation, one group, a blocked input (Cin and Cout multiples of the block), no fused Sum input and
+no activation or ``Relu`` is a candidate; a ``QuickGelu`` that alone reads its output (as ORT makes
+of Conv -> Sigmoid -> Mul, kept on blocks by ``regions``) is folded into it as the epilogue:
+
+    # Conv_nchwc(Xb, Wb, B; activation) [-> QuickGelu(alpha)] -> Yb
+    #   ->   FusedWinogradConvBlocked(Xb, U, B; block, activation, alpha) -> Yb
+
+U (the filter in the Winograd domain) is made here once from ORT's blocked filter, whose memory is
+[Cout/b, Cin/b, 3, 3, b (input channel), b (output channel)].
+
+Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue): both are timed in
+a one-conv model between reorders (``measure.native_faster``), at the session's thread count, and
+the native form is taken only when its median is below ``MARGIN`` times ORT's (results kept per
+process; the plan that holds them is cached per CPU).
+``ORTFUSE_WINOGRAD`` = off (never) | on (always, no timing) | measure (the default). H and W are
+those ``spatial_dims`` finds for the conv's input; a conv whose dims are unknown is left to ORT.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortfuse.custom_ops.kernels.conv_filters import transform_filter
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.layout import measure
+
+NCHWC = "com.microsoft.nchwc"
+OP = "FusedWinogradConvBlocked"
+ENV = "ORTFUSE_WINOGRAD"
+MARGIN = 0.9  # the native form must take below this share of ORT's time
+QUICK_GELU_ALPHA = 1.702  # the contrib op's default alpha
+
+
+@dataclass
+class WinogradResult:
+    replaced: collections.Counter = field(default_factory=collections.Counter)  # epilogue -> count
+    kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
+
+    def summary(self) -> str:
+        if not self.replaced:
+            return ""
+        parts = ", ".join(f"{n} with {act or 'no epilogue'}" for act, n in sorted(self.replaced.items()))
+        return f"{sum(self.replaced.values())} 3x3 conv(s) as Winograd F(4x4,3x3) ({OP}: {parts})" + (
+            f"; {self.kept} left to ORT" if self.kept else "")
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "measure").strip().lower()
+    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+
+
+def unblock_filter(wb: np.ndarray, block: int) -> np.ndarray:
+    """ORT's blocked filter (memory [Cout/b, Cin/b, kh, kw, b_in, b_out]) as [Cout, Cin, kh, kw]."""
+    cout, cin, kh, kw = wb.shape
+    w = wb.reshape(cout // block, cin // block, kh, kw, block, block)
+    return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(cout, cin, kh, kw))
+
+
+def _candidate(node: onnx.NodeProto, inits: dict, block: int) -> np.ndarray | None:
+    """The [Cout, Cin, 3, 3] filter of an NCHWc Conv the native kernel can run, else None."""
+    if node.op_type != "Conv" or node.domain != NCHWC or len(node.input) < 2:
+        return None
+    if len(node.input) > 3 and node.input[3]:  # a fused Sum
+        return None
+    if node.input[1] not in inits or (len(node.input) > 2 and node.input[2] and node.input[2] not in inits):
+        return None
+    if attr(node, "group", 1) != 1 or list(attr(node, "strides", [1, 1])) != [1, 1]:
+        return None
+    if list(attr(node, "dilations", [1, 1])) != [1, 1] or list(attr(node, "pads", [0, 0, 0, 0])) != [1, 1, 1, 1]:
+        return None
+    if attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or attr(node, "activation", b"Relu") != b"Relu":
+        return None
+    wb = numpy_helper.to_array(inits[node.input[1]])
+    if wb.dtype != np.float32 or wb.ndim != 4 or wb.shape[2:] != (3, 3):
+        return None
+    cout, cin = wb.shape[:2]
+    if cin < block or cin % block or cout % block:
+        return None
+    return unblock_filter(wb, block)
+
+
+def may_replace(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
+    """Whether ``node`` (in the fused model, before ORT optimizes it) is a Conv that may become a
+    candidate: 3x3 filter initializer, stride 1, one group, and the mode is not off. A cheap test
+    that spares models with none of them an extra optimization by ORT."""
+    if node.op_type not in ("Conv", "FusedConv") or len(node.input) < 2 or mode() == "off":
+        return False
+    if attr(node, "group", 1) != 1 or list(attr(node, "strides", [1, 1])) != [1, 1]:
+        return False
+    dims = next((list(t.dims) for t in graph.initializer if t.name == node.input[1]), None)
+    return dims is not None and dims[2:] == [3, 3]
+
+
+def _hw(s) -> tuple[int, int] | None:
+    if not s or len(s) != 4 or not all(isinstance(d, int) and d > 0 for d in s[2:]):
+        return None
+    return int(s[2]), int(s[3])
+
+
+def spatial_dims(graph: onnx.GraphProto, shape: Callable[[str], list | None]) -> dict[str, tuple[int, int]]:
+    """(H, W) of the rank-4 tensors of ORT's optimized graph, where known: those of the original
+    graph by name, else carried through the graph in order: blocked convs and pools by their
+    kernels, strides, pads and dilations, global pools give 1x1, Upsample multiplies by its scales,
+    every other op keeps the dims of its first input with known dims. Used only to time the two
+    forms at the right size: a wrong guess can cost speed, never correctness."""
+    inits = {t.name: t for t in graph.initializer}
+    hw: dict[str, tuple[int, int]] = {}
+    for i in graph.input:
+        d = _hw(shape(i.name))
+        if d:
+            hw[i.name] = d
+    for n in graph.node:
+        ins = [hw[t] for t in n.input if t in hw]
+        out = None
+        if ins and n.op_type in ("Conv", "MaxPool", "AveragePool") and n.domain == NCHWC:
+            if n.op_type == "Conv":
+                k = list(inits[n.input[1]].dims[2:]) if n.input[1] in inits else None
+            else:
+                k = list(attr(n, "kernel_shape", []) or [])
+            if k and len(k) == 2 and n.input[0] in hw:
+                h, w = hw[n.input[0]]
+                st = list(attr(n, "strides", [1, 1]))
+                dl = list(attr(n, "dilations", [1, 1]))
+                pd = list(attr(n, "pads", [0, 0, 0, 0]))
+                out = ((h + pd[0] + pd[2] - dl[0] * (k[0] - 1) - 1) // st[0] + 1,
+                       (w + pd[1] + pd[3] - dl[1] * (k[1] - 1) - 1) // st[1] + 1)
+        elif n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+            out = (1, 1)
+        elif n.op_type == "Upsample" and n.domain == NCHWC and n.input[0] in hw:
+            sc = list(attr(n, "scales", [1, 1, 1, 1]))
+            out = (hw[n.input[0]][0] * int(sc[2]), hw[n.input[0]][1] * int(sc[3]))
+        elif ins:
+            out = ins[0]
+        for o in n.output:
+            d = _hw(shape(o)) or out
+            if o and d:
+                hw[o] = d
+    return hw
+
+
+def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int,
+                 decide: Callable[[int, int, int, int, str, float], bool]) -> WinogradResult:
+    """Replace, in place, every candidate conv that ``decide(cin, cout, h, w, activation, alpha)``
+    accepts; returns what was done."""
+    result = WinogradResult()
+    if block not in (8, 16) or mode() == "off":
+        return result
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            consumers[t].append(n)
+    outputs = {o.name for o in graph.output}
+    hw = spatial_dims(graph, shape)
+    replace: dict[int, onnx.NodeProto] = {}
+    dropped: set[int] = set()
+    new_inits: list[onnx.TensorProto] = []
+    for node in list(graph.node):
+        w = _candidate(node, inits, block)
+        if w is None:
+            continue
+        dims = hw.get(node.input[0])
+        act = "relu" if attr(node, "activation") == b"Relu" else ""
+        alpha, out, fold = 1.0, node.output[0], None
+        users = consumers[node.output[0]]
+        if not act and len(users) == 1 and node.output[0] not in outputs and users[0].op_type == "QuickGelu" \
+                and users[0].domain == "com.microsoft":
+            fold = users[0]
+            act, alpha, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), fold.output[0]
+        cout, cin = w.shape[:2]
+        if dims is None or not decide(cin, cout, dims[0], dims[1], act, alpha):
+            result.kept += 1
+            continue
+        base = node.name or node.output[0]
+        u = numpy_helper.from_array(transform_filter(w), f"{base}/winograd_filter")
+        if len(node.input) > 2 and node.input[2]:
+            bias = node.input[2]
+        else:
+            bias = f"{base}/winograd_bias"
+            new_inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), bias))
+        new_inits.append(u)
+        attrs: dict = {"block": block}
+        if act:
+            attrs["activation"] = act
+        if act == "quick_gelu":
+            attrs["alpha"] = alpha
+        new = helper.make_node(OP, [node.input[0], u.name, bias], [out], name=f"{base}/winograd", domain=DOMAIN,
+                               **attrs)
+        new.doc_string = f"ortfuse layout: {base} as Winograd F(4x4,3x3) on NCHWc blocks"
+        replace[id(node)] = new
+        if fold is not None:
+            dropped.add(id(fold))
+        result.replaced[act] += 1
+    if replace:
+        nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(new_inits)
+        used = {t for n in graph.node for t in n.input}
+        for t in [t for t in graph.initializer if t.name not in used]:  # ORT's blocked filters replaced
+            graph.initializer.remove(t)
+    return result
+
+
+def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alpha: float) -> tuple[bytes, bytes]:
+    """One conv between reorders, as ORT's blocked Conv (+QuickGelu) and as the native op."""
+    rng = np.random.default_rng(0)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+    wb = np.ascontiguousarray(wt.reshape(cout // block, block, cin // block, block, 3, 3).transpose(0, 2, 4, 5, 3, 1))
+    inits = [numpy_helper.from_array(wb.reshape(cout, cin, 3, 3), "wb"),
+             numpy_helper.from_array(transform_filter(wt), "u"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    io = ([helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, cin, h, w])],
+          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, cout, h, w])])
+    conv_attrs: dict[str, Any] = {"pads": [1, 1, 1, 1], **({"activation": "Relu"} if act == "relu" else {})}
+    ort_nodes = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC),
+                 helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC, **conv_attrs)]
+    if act == "quick_gelu":
+        ort_nodes.append(helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=alpha))
+    else:
+        ort_nodes[-1].output[0] = "yb"
+    ort_nodes.append(helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=cout))
+    attrs: dict[str, Any] = {"block": block, **({"activation": act} if act else {}),
+                             **({"alpha": alpha} if act == "quick_gelu" else {})}
+    nat_nodes = [ort_nodes[0], helper.make_node(OP, ["xb", "u", "b"], ["yb"], domain=DOMAIN, **attrs), ort_nodes[-1]]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
+              helper.make_opsetid("com.microsoft", 1)]
+    out = []
+    for nodes, used in ((ort_nodes, {"wb", "b"}), (nat_nodes, {"u", "b"})):
+        graph = helper.make_graph(nodes, "winograd_probe", *io, [t for t in inits if t.name in used])
+        out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    return out[0], out[1]
+
+
+@functools.lru_cache(maxsize=256)
+def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int) -> bool:
+    """Whether the native form's median time is below MARGIN times ORT's on this machine, for one
+    conv of this shape between reorders (``measure.native_faster``)."""
+    stock, native = _pair_models(cin, cout, h, w, block, act, alpha)
+    return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, cin, h, w)}, threads, MARGIN)
+
+
+def decider(block: int, threads: int) -> Callable[[int, int, int, int, str, float], bool]:
+    """The ``decide`` of ``run_winograd`` for this process's mode (module docstring)."""
+    if mode() == "on":
+        return lambda *shape: True
+    return lambda cin, cout, h, w, act, alpha: measured_faster(cin, cout, h, w, act, alpha, block, threads)

@@ -1,0 +1,232 @@
+"""Winograd F(4x4, 3x3) convolution on NCHWc blocks (custom_ops/kernels/winograd.py, the native
+FusedWinogradConvBlocked, ortfuse/layout/winograd.py). Numerics: against the float64 numpy
+reference and against stock ORT at ORT_DISABLE_ALL, |got - ref| <= 1e-4 * max(1, max|ref|) (the
+Winograd transforms round differently from a direct convolution: measured about 1e-5 here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import helper, numpy_helper
+
+import ortfuse
+from ortfuse.custom_ops.kernels.conv_filters import conv3x3_reference as reference
+from ortfuse.custom_ops.kernels.conv_filters import transform_filter
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.layout import winograd
+from ortfuse.layout.probe import block_size
+from ortfuse.runtime.op_registration import with_custom_ops
+
+OP = winograd.OP
+TOL = 1e-4
+InvalidArgument = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
+
+
+def _close(got, ref) -> float:
+    return float(np.abs(got - ref).max()) / max(1.0, float(np.abs(ref).max()))
+
+
+def _session(block: int, act: str = "", alpha: float | None = None):
+    attrs: dict = {"block": block, **({"activation": act} if act else {}), **({"alpha": alpha} if alpha else {})}
+    graph = helper.make_graph([helper.make_node(OP, ["x", "u", "b"], ["y"], domain=DOMAIN, **attrs)], "g",
+                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in "xub"],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({OP}), python_ops=False)
+    assert not why_not
+    so.intra_op_num_threads = 2
+    return onnxruntime.InferenceSession(model.SerializeToString(), so)
+
+
+def _block(x: np.ndarray, b: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
+
+
+def _unblock(y: np.ndarray, b: int) -> np.ndarray:
+    n, c, h, w = y.shape
+    return y.reshape(n, c // b, h, w, b).transpose(0, 1, 4, 2, 3).reshape(n, c, h, w)
+
+
+def _data(n, cin, cout, h, w, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+    return x, wt, rng.standard_normal(cout).astype(np.float32)
+
+
+# border tiles on every side, one tile, images narrower than a tile, batches, channel splits
+SHAPES = [(8, 1, 16, 24, 9, 11), (8, 2, 32, 8, 4, 4), (16, 1, 32, 48, 13, 6), (8, 1, 8, 8, 1, 1),
+          (8, 1, 64, 64, 3, 37), (8, 1, 64, 128, 10, 10), (8, 2, 16, 16, 21, 5), (8, 1, 96, 24, 40, 40)]
+
+
+@pytest.mark.parametrize("block, n, cin, cout, h, w", SHAPES)
+@pytest.mark.parametrize("act", ["", "relu", "quick_gelu"])
+def test_kernel_matches_the_float64_reference(block, n, cin, cout, h, w, act):
+    x, wt, b = _data(n, cin, cout, h, w, seed=cin + h)
+    alpha = 1.702 if act == "quick_gelu" else None
+    y = _session(block, act, alpha).run(None, {"x": _block(x, block), "u": transform_filter(wt), "b": b})[0]
+    assert y.shape == (n, cout, h, w)
+    ref = reference(x, wt, b)
+    if act == "relu":
+        ref = np.maximum(ref, 0)
+    elif act == "quick_gelu":
+        ref = ref / (1 + np.exp(-1.702 * ref))
+    assert _close(_unblock(y, block), ref) <= TOL
+
+
+def _stock(x, wt, b, act: str):
+    """Conv (+Relu / +Sigmoid*Mul) in stock ORT at ORT_DISABLE_ALL, plain layout."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif act == "quick_gelu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b")])
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("act", ["", "relu", "quick_gelu"])
+def test_kernel_matches_stock_ort(act):
+    x, wt, b = _data(1, 64, 80, 20, 20, seed=3)
+    y = _session(8, act, 1.0 if act == "quick_gelu" else None).run(
+        None, {"x": _block(x, 8), "u": transform_filter(wt), "b": b})[0]
+    assert _close(_unblock(y, 8), _stock(x, wt, b, act)) <= TOL
+
+
+@pytest.mark.parametrize("block, x_shape, u_shape, b_shape, text", [
+    (8, (1, 16, 4, 4), (36, 8, 16), (16,), "U the shape"),
+    (8, (1, 16, 4, 4), (16, 16, 16), (16,), "U the shape"),
+    (8, (1, 16, 4, 4), (36, 16, 16), (8,), "B the shape"),
+    (8, (16, 4, 4), (36, 16, 16), (16,), "X must have rank 4"),
+    (8, (1, 16, 4, 4), (36, 16, 12), (12,), "block must be 8 or 16"),
+    (4, (1, 16, 4, 4), (36, 16, 16), (16,), "block must be 8 or 16"),
+])
+def test_kernel_refuses_other_shapes_with_an_ort_error(block, x_shape, u_shape, b_shape, text):
+    feeds = {"x": np.ones(x_shape, np.float32), "u": np.ones(u_shape, np.float32), "b": np.ones(b_shape, np.float32)}
+    with pytest.raises(InvalidArgument, match=text):
+        _session(block).run(None, feeds)
+    feeds["x"] = feeds["x"].astype(np.float64)
+    with pytest.raises(InvalidArgument, match=r"expected: \(tensor\(float"):
+        _session(8).run(None, feeds)
+
+
+def test_unblock_filter_reads_orts_blocked_filter(tmp_path):
+    """ORT's NCHWc filter (as it saves it) unblocks to the model's filter, value for value."""
+    block = block_size()
+    if block not in (8, 16):
+        pytest.skip(f"ORT has no NCHWc block of 8 or 16 on this CPU (block {block})")
+    x, wt, b = _data(1, 2 * block, 3 * block, 6, 6)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w0"], ["x1"]),
+                               helper.make_node("Conv", ["x1", "w", "b"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.eye(2 * block, dtype=np.float32)[:, :, None, None], "w0"),
+                               numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b")])
+    so = onnxruntime.SessionOptions()
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    onnxruntime.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                 .SerializeToString(), so)
+    opt = onnx.load(so.optimized_model_filepath)
+    inits = {t.name: t for t in opt.graph.initializer}
+    convs = [n for n in opt.graph.node if n.op_type == "Conv" and n.domain == winograd.NCHWC]
+    found = [winograd._candidate(n, inits, block) for n in convs]
+    assert sum(f is not None for f in found) == 1  # the 1x1 conv is not a candidate
+    assert np.array_equal(next(f for f in found if f is not None), wt)
+
+
+def _silu_model(c: int = 32, size: int = 24) -> onnx.ModelProto:
+    """Conv 1x1 -> Conv 3x3 + SiLU (Sigmoid, Mul) -> Conv 3x3 + Relu -> Concat with its input (a
+    region op, so the layout step runs)."""
+    rng = np.random.default_rng(7)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
+             helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["m1"]),
+             helper.make_node("Conv", ["m1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Concat", ["r2", "m1"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["y"])]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, size, size])
+    graph = helper.make_graph(nodes, "g", [x],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, size, size])],
+                              [w("w0", c, 16, 1, 1), w("w1", c, c, 3, 3), w("b1", c), w("w2", c, c, 3, 3), w("b2", c),
+                               w("w3", 8, 2 * c, 1, 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_layout_runs_3x3_convs_as_winograd_when_told(tmp_path, monkeypatch, mode):
+    """ORTFUSE_WINOGRAD=on replaces both 3x3 convs (SiLU and Relu folded), off none; outputs as stock."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    monkeypatch.setenv(winograd.ENV, mode)
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    model = _silu_model()
+    x = np.random.default_rng(1).standard_normal((1, 16, 24, 24)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    note = str(sess.fusion_report)
+    if mode == "on":
+        assert "2 3x3 conv(s) as Winograd" in note and "1 with quick_gelu" in note and "1 with relu" in note, note
+    else:
+        assert "Winograd" not in note, note
+    assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
+
+
+def test_spatial_dims_follow_blocked_convs_and_pools():
+    """Dims by name where the original graph has them, through strided blocked convs otherwise."""
+    nodes = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=winograd.NCHWC),
+             helper.make_node("Conv", ["xb", "w"], ["c"], domain=winograd.NCHWC, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("QuickGelu", ["c"], ["q"], domain="com.microsoft"),
+             helper.make_node("GlobalAveragePool", ["q"], ["g"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 15, 20])],
+                              [], [numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w")])
+    dims = winograd.spatial_dims(graph, lambda name: [1, 8, 15, 20] if name == "x" else None)
+    assert dims["xb"] == (15, 20) and dims["c"] == (8, 10) and dims["q"] == (8, 10) and dims["g"] == (1, 1)
+
+
+def test_the_decision_is_measured_and_kept_per_shape(monkeypatch):
+    """measure mode times both forms once per shape (cached in the process); off never replaces."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    winograd.measured_faster.cache_clear()
+    monkeypatch.setenv(winograd.ENV, "measure")
+    decide = winograd.decider(block_size(), 1)
+    first = decide(16, 16, 12, 12, "relu", 1.0)
+    assert isinstance(first, bool)
+    assert decide(16, 16, 12, 12, "relu", 1.0) == first and winograd.measured_faster.cache_info().hits == 1
+    monkeypatch.setenv(winograd.ENV, "off")
+    graph = onnx.load_from_string(_silu_model().SerializeToString()).graph
+    assert not winograd.run_winograd(graph, lambda name: None, 8, lambda *a: True).replaced
+
+
+def test_the_planner_looks_at_3x3_stride_1_convs_only(monkeypatch):
+    """may_replace: a 3x3 stride-1 one-group Conv with a filter initializer, unless the mode is off."""
+    w3 = numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w3")
+    w1 = numpy_helper.from_array(np.zeros((8, 8, 1, 1), np.float32), "w1")
+    graph = helper.make_graph([], "g", [], [], [w3, w1])
+    monkeypatch.setenv(winograd.ENV, "measure")
+    assert winograd.may_replace(helper.make_node("Conv", ["x", "w3"], ["y"], pads=[1, 1, 1, 1]), graph)
+    assert not winograd.may_replace(helper.make_node("Conv", ["x", "w1"], ["y"]), graph)
+    assert not winograd.may_replace(helper.make_node("Conv", ["x", "w3"], ["y"], strides=[2, 2]), graph)
+    assert not winograd.may_replace(helper.make_node("Conv", ["x", "w3"], ["y"], group=8), graph)
+    assert not winograd.may_replace(helper.make_node("Conv", ["x", "wx"], ["y"]), graph)
+    monkeypatch.setenv(winograd.ENV, "off")
+    assert not winograd.may_replace(helper.make_node("Conv", ["x", "w3"], ["y"], pads=[1, 1, 1, 1]), graph)
