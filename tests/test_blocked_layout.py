@@ -125,7 +125,8 @@ def test_plan_layout_runs_the_se_scale_on_blocks_with_fewer_reorders(channels):
         assert _close(sess.run(None, _feeds(batch)), _reference(model, _feeds(batch)))
 
 
-def test_plan_layout_steps_aside_with_the_reason():
+def test_plan_layout_steps_aside_with_the_reason(monkeypatch):
+    monkeypatch.setenv("ORTFUSE_WINOGRAD", "off")  # else the plain model's 3x3 conv may run as Winograd
     model = se_model()
     fused, _ = fuse(model)
     so = onnxruntime.SessionOptions()
@@ -155,3 +156,23 @@ def test_a_fused_session_loads_the_blocked_plan_and_says_so(tmp_path, monkeypatc
     sess = ortfuse.InferenceSession(str(path), fusion=True)
     assert not any(n.startswith("layout: NCHWc") for n in sess.fusion_report.notes)
     assert _close(sess.run(None, _feeds()), _reference(se_model(), _feeds()))
+
+
+def test_layout_drops_inputs_that_lost_their_initializer():
+    """IR < 4 models list initializers as inputs; ORT's optimized graph keeps such an input after
+    folding its initializer away, and a caller would have to feed it."""
+    from onnx import TensorProto, helper
+
+    from ortfuse.layout.planner import _prune_stray_inputs
+
+    def vi(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1])
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
+    fused = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x"), vi("w")], [vi("y")], [w])
+    folded = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [vi("x"), vi("w")], [vi("y")])
+    assert _prune_stray_inputs(folded, fused) == [] and [i.name for i in folded.input] == ["x"]
+    still_read = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x"), vi("w")], [vi("y")])
+    assert _prune_stray_inputs(still_read, fused) == ["w"]  # the plan steps aside
+    kept = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x"), vi("w")], [vi("y")], [w])
+    assert _prune_stray_inputs(kept, fused) == [] and [i.name for i in kept.input] == ["x", "w"]

@@ -101,6 +101,9 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         up, failed = deconv.DeconvResult(), failed + f"; ConvTransposes left to ORT ({type(exc).__name__}: {exc})"
     if not moved and not grown.regions and not wino.replaced and not up.replaced:
         return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT){failed}"
+    extra_inputs = _prune_stray_inputs(optimized.graph, fused.graph)
+    if extra_inputs:
+        return None, f"layout: ORT's optimized graph asks for inputs the model does not have ({extra_inputs[0]})"
     after = blocked_scale.reorder_count(optimized.graph)
     done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
     done += [grown.summary()] if grown.regions else []
@@ -112,3 +115,24 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     native = (frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
               | frozenset({winograd.OP} if wino.replaced else set()) | frozenset(up.ops()))
     return Layout(optimized, native, note), ""
+
+
+def _prune_stray_inputs(graph, fused_graph) -> list[str]:
+    """Drop graph inputs of ORT's optimized ``graph`` that the fused model fed from initializers
+    (models of IR version < 4 list every initializer as an input) and that lost their initializer
+    and every reader there (constant folding, a replaced Conv's weights): kept, they would become
+    inputs a caller must feed. Returns the names of inputs still read without an initializer that
+    the fused model's callers never fed (the plan must then step aside)."""
+    fed = {i.name for i in fused_graph.input} - {t.name for t in fused_graph.initializer}
+    have = {t.name for t in graph.initializer}
+    read = {name for n in graph.node for name in n.input}
+    keep, stray = [], []
+    for i in graph.input:
+        if i.name in fed or i.name in have:
+            keep.append(i)
+        elif i.name in read:
+            keep.append(i)
+            stray.append(i.name)
+    del graph.input[:]
+    graph.input.extend(keep)
+    return stray
