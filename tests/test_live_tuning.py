@@ -39,6 +39,13 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(tuner.ENV, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def tuning_in_thread(monkeypatch):
+    """The live tuning measures in its own thread, where the stated timings below replace the clock
+    (a tuning process would not see them; tests/test_tune_process.py runs that path)."""
+    monkeypatch.setattr(live_tuning, "IN_CHILD", False)
+
+
 @pytest.fixture
 def winning(monkeypatch):
     """Every fusion measured twice as fast as ORT, in every repeat, whole model included."""
@@ -385,6 +392,8 @@ sys.path.insert(0, {tests!r})
 from ortfuse.tune import measure as measuring
 measuring._best_of = lambda f, o, n: (0.5, 1.0)
 measuring._time_pair = lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS)
+from ortfuse.runtime import live_tuning
+live_tuning.IN_CHILD = False  # the stated timings above hold in this process only
 import ortfuse
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")

@@ -38,6 +38,22 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(tune.ENV, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def per_match(monkeypatch):
+    """The tuner's first step, every match fused timed as a whole (``measure.whole_plan``), is stated
+    not to win: these tests are about measuring the matches one by one. ``whole_plan_step`` (below)
+    puts the real step back."""
+    monkeypatch.setattr(measuring, "whole_plan", lambda *a, **k: (None, None))
+
+
+@pytest.fixture
+def whole_plan_step(monkeypatch):
+    monkeypatch.setattr(measuring, "whole_plan", _REAL_WHOLE_PLAN)
+
+
+_REAL_WHOLE_PLAN = measuring.whole_plan
+
+
 def hardswish_model(channels: int = 16, side: int = 256) -> onnx.ModelProto:
     """y = x * clip(x + 3, 0, 6) / 6 spelled as exporters do, on x[batch, C, H, W]."""
     consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in

@@ -14,6 +14,16 @@ ORT_ENABLE_ALL. *cold*: numba's cache (``NUMBA_CACHE_DIR``) and ortfuse's cache
 folders again, filled by the cold run before. ``fusion="auto"`` measures the candidate fusions
 against ORT on a cold cache (seconds), so it is reported on its own rows.
 
+``--empty-cache`` measures the issue's creation target instead: for each model, rounds of fresh
+processes in the order stock, auto, auto, stock (docs/ARCHITECTURE.md §8), each timing ``import``
+(``onnxruntime`` for stock, ``ortfuse`` for auto) + ``InferenceSession(...)`` from the process's
+first statement; every auto process gets a new empty ``ORTFUSE_CACHE_DIR`` (nothing known on this
+machine, the default ``ORTFUSE_TUNE=background``). Reported per model: the medians, the limit
+``2 x stock + 1 s``, whether auto's median is within it, and which of onnx / numba the auto process
+imported (``python -X importtime`` on one such process says where its time goes)::
+
+    python tools/creation_bench.py --empty-cache --models all --rounds 3 --threads 2 --json benchmarks/results/
+
 The child also reports what numba compiled or loaded in the process: every numba function of
 ``ortfuse.custom_ops`` that holds a compiled signature (with its cache misses = compiled here,
 and hits = loaded from disk) and the native ops registered; the parent lists the functions whose
@@ -23,6 +33,7 @@ cache index files the cold run wrote. Only what the model's fused ops need shoul
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
 import statistics
@@ -31,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
@@ -79,7 +91,7 @@ def child(model_path: str, fusion: str, threads: int) -> dict:
         return so
 
     providers = ["CPUExecutionProvider"]
-    out = {"import_s": t_import}
+    out: dict[str, Any] = {"import_s": t_import}
     t0 = time.perf_counter()
     ort.InferenceSession(model_path, options(), providers=providers)
     out["stock_s"] = time.perf_counter() - t0
@@ -104,6 +116,97 @@ def child(model_path: str, fusion: str, threads: int) -> dict:
     out["numba_functions"] = _numba_functions()
     out["numba_imported"] = "numba" in sys.modules
     return out
+
+
+_FRESH_CHILD = r"""
+import sys, time
+t0 = time.perf_counter()
+auto = sys.argv[2] == "auto"
+if auto:
+    import ortfuse as ort
+else:
+    import onnxruntime as ort
+so = ort.SessionOptions()
+if int(sys.argv[3]):
+    so.intra_op_num_threads = int(sys.argv[3])
+kw = {"fusion": "auto"} if auto else {}
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"], **kw)
+seconds = time.perf_counter() - t0
+import json
+print("RESULT " + json.dumps({"seconds": seconds, "onnx": "onnx" in sys.modules, "numba": "numba" in sys.modules,
+                              "status": s.fusion_status if auto else ""}))
+"""
+
+
+def fresh_child(model_path: str, kind: str, threads: int, work: Path) -> dict:
+    """One fresh process: import + creation (``kind`` stock or auto; auto in a new empty cache)."""
+    env = {**os.environ, "ORTFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="cache_", dir=work)}
+    env.pop("ORTFUSE_TUNE", None)
+    done = subprocess.run([sys.executable, "-c", _FRESH_CHILD, model_path, kind, str(threads)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        return {"error": (done.stderr or done.stdout).strip()[-500:]}
+    return json.loads(line[len("RESULT "):])
+
+
+def empty_cache(names: list[str], rounds: int, threads: int, work: Path) -> list[dict]:
+    """The ``--empty-cache`` rows (see the module docstring)."""
+    import ortfuse.models as zoo
+
+    results = []
+    for name in names:
+        path = zoo.resolve(name)
+        runs: dict[str, list[dict]] = {"stock": [], "auto": []}
+        for _ in range(rounds):
+            for kind in ("stock", "auto", "auto", "stock"):
+                runs[kind].append(fresh_child(path, kind, threads, work))
+        failed = [r["error"] for rs in runs.values() for r in rs if "error" in r]
+        row: dict = {"model": name, "raw": runs, "errors": failed}
+        if not failed:
+            stock = statistics.median(r["seconds"] for r in runs["stock"])
+            auto = statistics.median(r["seconds"] for r in runs["auto"])
+            row.update(stock_s=round(stock, 3), auto_s=round(auto, 3), limit_s=round(2 * stock + 1, 3),
+                       within=auto <= 2 * stock + 1, ratio=round(auto / stock, 3),
+                       auto_imported_onnx=any(r["onnx"] for r in runs["auto"]),
+                       auto_imported_numba=any(r["numba"] for r in runs["auto"]),
+                       auto_status=runs["auto"][0]["status"])
+        results.append(row)
+        print(f"  {name:24s} " + (f"stock {row['stock_s']:.3f} s, auto {row['auto_s']:.3f} s (limit "
+                                    f"{row['limit_s']:.3f} s: {'met' if row['within'] else 'NOT met'}), onnx "
+                                    f"{row['auto_imported_onnx']}, numba {row['auto_imported_numba']}"
+                                    if not failed else f"FAILED: {failed[0]}"), file=sys.stderr, flush=True)
+    return results
+
+
+def empty_cache_main(args, work: Path) -> int:
+    from ortfuse.bench.environment import environment
+    from ortfuse.models import NAMES
+
+    names = list(NAMES) if args.models == "all" else [m for m in args.models.split(",") if m]
+    env_before = environment()
+    results = empty_cache(names, args.rounds, args.threads, work)
+    print("| model | stock ORT s | auto s | limit 2x + 1 s | met | auto imported onnx / numba |")
+    print("|---|---:|---:|---:|---|---|")
+    for r in results:
+        if r["errors"]:
+            print(f"| {r['model']} | failed | | | no | |")
+            continue
+        print(f"| {r['model']} | {r['stock_s']:.3f} | {r['auto_s']:.3f} | {r['limit_s']:.3f} | "
+              f"{'yes' if r['within'] else 'NO'} | {r['auto_imported_onnx']} / {r['auto_imported_numba']} |")
+    if args.json:
+        out = Path(args.json)
+        if args.json.endswith("/") or out.is_dir():
+            out.mkdir(parents=True, exist_ok=True)
+            stem = f"creation_bench-empty_cache-{_dt.date.today().isoformat()}"
+            out, k = out / f"{stem}.json", 2
+            while out.exists():  # a later run the same day (benchmarks/results/README.md)
+                out, k = out.with_name(f"{stem}-{k}.json"), k + 1
+        out.write_text(json.dumps({"tool": "creation_bench", "mode": "empty_cache", "settings": vars(args),
+                                   "environment": env_before, "load_average_after": os.getloadavg(),
+                                   "results": results}, indent=1))
+        print(f"wrote {out}")
+    return 0 if all(r.get("within") for r in results) else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +239,7 @@ def bench_model(name: str, fusion: str, args, work: Path) -> dict:
     model_path = work / f"{name}.onnx"
     if not model_path.exists():
         onnx.save(make(name), str(model_path))
-    res = {"model": name, "fusion": fusion, "cold": [], "warm": []}
+    res: dict[str, Any] = {"model": name, "fusion": fusion, "cold": [], "warm": []}
     for k in range(args.cold):
         numba_dir, cache_dir = work / f"numba_{name}_{fusion}_{k}", work / f"ortfuse_{name}_{fusion}_{k}"
         numba_dir.mkdir()
@@ -192,10 +295,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=3, help="warm processes per model and fusion value")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads of every session (0: ORT's default)")
     ap.add_argument("--workdir", help="folder for models and caches (default: a new temp folder)")
-    ap.add_argument("--json", help="also write the raw numbers as JSON to this path")
+    ap.add_argument("--json", help="also write the raw numbers as JSON to this path (--empty-cache: a folder "
+                    "takes creation_bench-empty_cache-<date>.json)")
+    ap.add_argument("--empty-cache", action="store_true", help="fresh processes, stock vs fusion='auto' with an "
+                    "empty cache, interleaved (--models all: the whole zoo)")
+    ap.add_argument("--rounds", type=int, default=3, help="--empty-cache: rounds of stock, auto, auto, stock")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ortfuse_creation_"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.empty_cache:
+        return empty_cache_main(args, work)
     load_before = os.getloadavg()
     print(f"load average before: {' '.join(f'{v:.2f}' for v in load_before)}; work folder {work}", file=sys.stderr)
     results = [bench_model(m, f, args, work) for m in args.models.split(",") if m

@@ -1,5 +1,7 @@
 """Served-run latency of ``fusion="auto"`` while it tunes on live traffic, against stock ORT.
 
+(Issue #16's targets as a whole, on every zoo model, with realistic idle gaps: ``tools/auto_bench.py``.)
+
 Usage::
 
     python tools/tune_p99_bench.py [--model mobilenetv3_block] [--threads 0] [--gap-ms 2]

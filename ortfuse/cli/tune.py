@@ -79,7 +79,10 @@ def run(args) -> int:
         where = "(not cached: the budget ran out before every match was measured; give a larger --budget)"
     else:
         where = "(not cached: cache folder not writable)"
-    print(f"{len(tuning.decisions)} candidate fusion(s), {kept} won on their subgraph; decisions {origin}: {where}")
+    check = tuning.model_check or {}
+    how = (f"{kept} kept as a whole plan (every match fused ran {check['ratio']:.3f}x stock ORT)"
+           if check.get("whole_plan") and "ratio" in check else f"{kept} won on their subgraph")
+    print(f"{len(tuning.decisions)} candidate fusion(s), {how}; decisions {origin}: {where}")
     if tuning.ranked:
         print(f"kernel ranking measured first: {tuning.ranked}")
     return 0

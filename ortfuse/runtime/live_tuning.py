@@ -5,17 +5,23 @@ Contract, in ``background`` mode (``session_options.tune_mode``) when nothing is
 model on this machine (``planning.Prepared.pending``):
 - the session serves at once on stock ORT; the first ``SAMPLE_RUNS`` served feeds (``run``,
   ``run_async``, ``run_with_ort_values``) are copied, at most ``SAMPLE_BYTES`` in all; then a daemon
-  thread tunes (``tuner.tune(sample=...)``) on the most common shape among them, builds the fused
-  plan (``planning.prepare`` with those decisions: the plan cache and the tuning cache are filled, so
-  the next session on this machine starts fused), opens a new ORT C session on it, checks its outputs
-  against the serving session's on every recorded feed, and swaps it in;
+  thread has them tuned (``tuner.tune(sample=...)``, on the most common shape among them) and the
+  fused plan made (``planning.prepare`` with those decisions: the plan cache and the tuning cache are
+  filled, so the next session on this machine starts fused) by a process of its own
+  (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped),
+  opens a new ORT C session on the plan, checks its outputs against the serving session's on every
+  recorded feed, and swaps it in;
 - the swap replaces the session's C session under the lock that counts runs in flight: a run holds
   the C session it started on until it returns (a replaced one is released when no run is in flight,
   never on an ORT thread), later runs use the new one; no run fails or mixes plans;
 - an ``IOBinding`` made before the swap stays bound to the C session it was made on and keeps
   running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
   made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
-- tuning yields to serving: a served run that starts aborts the tuning's ORT runs in flight
+- tuning yields to serving: the tuning process is stopped (SIGSTOP) while a served run is in flight
+  and keeps a timing only when no served run overlapped it (``yielding.ProcessYielder``): onnx and
+  ORT hold the GIL through long C calls (parsing, shape inference, session creation), which a thread
+  of this process would make served runs wait for. In this thread, a served run that starts aborts
+  the tuning's ORT runs in flight
   (``RunOptions.terminate``) and the tuning thread pauses at its next Python call until no run is
   in flight; a timing that overlapped a served run is discarded and taken again, so decisions rest
   only on undisturbed timings (``ortfuse.tune.yielding``; when served runs leave no idle window long
@@ -40,17 +46,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ortfuse.fusion.report import FusionReport
+from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
 from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.tune import yielding
 
@@ -60,6 +69,7 @@ DEFAULT_BUDGET_S = 30.0  # measuring's budget (tuner.tune(budget_s=)); matches n
 HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stops after this many budgets of work
 WALL_STOP = 4.0  # ... and after this many budgets of wall-clock time, pauses for served runs included
 SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while a tuning runs: a served run waits less for the GIL
+IN_CHILD = True  # measure in a process of its own (runtime.tune_process) where it can be stopped (SIGSTOP)
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
 # the fused plan against the serving one on the recorded feeds, whole model: |diff| <= atol * max(1, max|ref|)
@@ -100,7 +110,8 @@ class LiveTuning:
         self._session = weakref.ref(session)
         self._source, self._options = source, sess_options  # the caller's input and options
         self._fusion, self._fusion_patterns = fusion, fusion_patterns
-        self._patterns = list(prepared.report.patterns)
+        # a deferred report decided from the bytes lists none: the ids are read from the parsed model
+        self._patterns: list[str] | None = list(prepared.report.patterns) or None
         self._disabled = set(disabled_optimizers or ())
         self._budget = budget_of(sess_options)
         self._lock = threading.RLock()  # re-entered by the gate when it fires inside the yielder's waits
@@ -110,8 +121,11 @@ class LiveTuning:
         self._samples: list[dict] = []
         self._sample_bytes = 0
         self._recording = bool(prepared.pending)
+        # creation found nothing (maybe from the bytes alone, ortfuse.tune.lookup): look again, parsed, first
+        self._deferred = self._recording and not prepared.report.matches
         self._retired: list = []  # replaced C sessions, released when no run is in flight
-        self._child = None  # the process compiling kernels, stopped while a run is in flight
+        self._child = None  # the process compiling kernels or tuning, stopped while a run is in flight
+        self._counts: yielding.SharedCounts | None = None  # served runs, as that tuning process reads them
         self._compile_since: float | None = None  # when it started (its time is not the tuning's work)
         self._paused = 0.0
         self._t0 = time.perf_counter()
@@ -139,6 +153,8 @@ class LiveTuning:
             self._runs += 1
             record = self._recording
             self._yielder.served_locked()
+            if self._counts is not None:
+                self._counts.served()
             if self._inflight == 1 and self._child is not None:
                 _signal(self._child, "SIGSTOP")
         if record and feeds is not None:
@@ -149,6 +165,8 @@ class LiveTuning:
         retired: list = []
         with self._lock:
             self._inflight -= 1
+            if self._counts is not None:
+                self._counts.ended()
             if self._inflight == 0:
                 self._idle.notify_all()
                 if self._child is not None:
@@ -190,7 +208,7 @@ class LiveTuning:
         return None
 
     def _record(self, feeds: Mapping) -> None:
-        copy = _copy_feeds(feeds)
+        copy = copy_feeds(feeds)
         if copy is None:
             return
         size = sum(a.nbytes for a in copy.values())
@@ -230,7 +248,7 @@ class LiveTuning:
 
     def tune_with(self, feeds_list: Iterable[Mapping]) -> None:
         """Tune on ``feeds_list`` now, in the background; refused while a tuning runs."""
-        copies = [_copy_feeds(f) for f in feeds_list]
+        copies = [copy_feeds(f) for f in feeds_list]
         if not copies or any(c is None for c in copies):
             raise ValueError("tune_with takes a non-empty list of feeds: dicts of input name to array")
         with self._lock:
@@ -306,7 +324,8 @@ class LiveTuning:
         self._paused += seconds
 
     def _compiling(self, child) -> None:
-        """The kernel-compiling child process starts (stopped at once if a run is in flight) or ends (None)."""
+        """A child process compiling kernels or tuning starts (stopped at once if a run is in flight) or
+        ends (None); its time is not this thread's work."""
         with self._lock:
             self._child = child
             if child is not None and self._inflight:
@@ -349,29 +368,72 @@ class LiveTuning:
         return gate
 
     def _tune(self, gate):
-        """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT)."""
+        """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT): measured in a process
+        of its own (``IN_CHILD``, ``runtime.tune_process``), else in this thread."""
         from ortfuse.runtime import planning
         from ortfuse.tune import kernel_compile, tuner
 
-        sample = _representative(self._samples)
+        sample = representative(self._samples)
+        if IN_CHILD and kernel_compile.stoppable():
+            return self._tune_in_child(sample)
         model, why_not = planning.load_model(self._source, self._options)
         if model is None:
             raise _Unfit(f"tuning failed: {why_not}")
+        if self._patterns is None:
+            self._patterns = list(planning.requested_patterns(model, self._fusion_patterns))
         fused = self._fuse_all(model)
         why = kernel_compile.compile_kernels(fused, self._compiling, lambda: self._stop)
         if why:
             self._notes.append(f"auto: kernels: {why}")
         del fused
-        tuning = tuner.tune(model, self._patterns, self._options, sample=sample, measure=True, budget_s=self._budget)
+        tuning = None
+        if self._deferred:  # what the parsed lookup at creation would have found (ortfuse.tune.lookup)
+            tuning = tuner.tune(model, self._patterns, self._options, measure=False, any_shapes=True)
+        if tuning is None or not tuning.measured or tuning.failure:
+            tuning = tuner.tune(model, self._patterns, self._options, sample=sample, measure=True,
+                                budget_s=self._budget)
         if tuning.failure:
             raise _Unfit(f"tuning failed: {tuning.failure}")
         del model
         prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns, mode="off",
                                     tuning=tuning)
         prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds "
-                                     f"(shapes {_shapes(sample)}; {self._yielder.discarded} runs or timings "
+                                     f"(shapes {shapes_of(sample)}; {self._yielder.discarded} runs or timings "
                                      "disturbed by served runs discarded and taken again)")
         prepared.report.notes.extend(self._notes)
+        return prepared
+
+    def _tune_in_child(self, sample: dict):
+        from ortfuse.runtime import planning, tune_process
+        from ortfuse.tune.decisions import Tuning
+
+        folder = tempfile.mkdtemp(prefix="ortfuse-served-")
+        try:
+            with self._lock:
+                self._counts = yielding.SharedCounts(os.path.join(folder, "counts"), create=True)
+            outcome = tune_process.tune(self._source, self._options, self._fusion, self._fusion_patterns, sample,
+                                        self._budget, self._counts.path, lookup_first=self._deferred,
+                                        on_start=self._compiling, stopped=lambda: self._stop or self._over_wall())
+        finally:
+            with self._lock:
+                self._counts = None
+            shutil.rmtree(folder, ignore_errors=True)
+        if self._stop:
+            raise _Stopped("the session was closed")
+        self._starved_check()
+        if outcome.tuning is None:
+            raise _Unfit(outcome.error)
+        tuning = Tuning.from_dict(outcome.tuning, outcome.path)
+        tuning.from_cache = outcome.from_cache
+        if outcome.stock_report is not None:  # nothing kept: no plan to read, nothing to parse here
+            prepared = planning.Prepared(self._source, self._options, FusionReport.from_dict(outcome.stock_report),
+                                         auto=True, mode="off")
+        else:
+            prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns,
+                                        mode="off", tuning=tuning)  # the plan the child stored in the plan cache
+        prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds in a process of its own "
+                                     f"(shapes {shapes_of(sample)}; {outcome.discarded} timings disturbed by served "
+                                     "runs discarded and taken again)")
         return prepared
 
     def _build_and_check(self, prepared):
@@ -508,40 +570,6 @@ def accept_ortvalues(session, values: Iterable[Any]) -> list:
     """The values ORT's ownership check should see: OrtValues made by ``session`` before a swap
     (tagged by ``create_ortvalue_from_shape_and_type``) are CPU memory any of its C sessions can read."""
     return [v for v in values if getattr(v, "_ortfuse_owner", None) is not session]
-
-
-def _copy_feeds(feeds: Mapping) -> dict | None:
-    """Own copies of a feed dict's arrays (OrtValues read back to numpy), or None when a value is
-    not a plain array."""
-    if not isinstance(feeds, Mapping):
-        return None
-    out = {}
-    for name, value in feeds.items():
-        if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
-            try:
-                value = value.numpy()
-            except Exception:
-                return None
-        array = np.array(value, copy=True)
-        if array.dtype == object:
-            return None
-        out[name] = array
-    return out
-
-
-def _signature(feed: dict) -> tuple:
-    return tuple(sorted((k, v.shape, v.dtype.str) for k, v in feed.items()))
-
-
-def _representative(samples: list[dict]) -> dict:
-    """The first feed of the most common shape among ``samples``."""
-    counts = Counter(_signature(s) for s in samples)
-    best = max(counts.values())
-    return next(s for s in samples if counts[_signature(s)] == best)
-
-
-def _shapes(feed: dict) -> str:
-    return ", ".join(f"{k}={list(v.shape)}" for k, v in feed.items())
 
 
 @atexit.register

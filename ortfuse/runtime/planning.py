@@ -200,6 +200,12 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
     entry = plan_cache.load(cache_key)
     if entry is not None:
         return (*_plan_from_cache(entry), None)
+    if mode == "background" and tuning is None:
+        deferred = _deferred_unparsed(source, sess_options, fusion, explicit)
+        if deferred is not None:
+            from ortfuse.tune.decisions import Tuning
+
+            return None, deferred, Tuning({}, measured=False)
     plan, report, depends, used = _plan_uncached(source, sess_options, fusion, explicit, kernels, mode, tuning)
     if depends is not None and not report.stepped_aside:
         entry = {"report": report.to_dict(),
@@ -318,6 +324,40 @@ def _deferred(mode: str, tuning, used) -> bool:
     without looking for matches (``fuse`` imports and type-checks what the creating thread need not
     wait for); the live tuning finds them."""
     return mode == "background" and tuning is None and not used.measured and not used.failure
+
+
+def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> FusionReport | None:
+    """The deferred report of ``_deferred``'s case decided from the serialized bytes alone, or None
+    when that needs the parsed model (``ortfuse.tune.lookup``: decisions may exist here, the bytes
+    are not a plain ONNX model, the annotation names another graph, auto was not asked). Without
+    this, a fresh process would import onnx and parse the model only to learn that nothing is known."""
+    from ortfuse.tune import lookup
+
+    if isinstance(source, str) and (source.lower().endswith(".ort")
+                                    or config_entry(sess_options, "session.load_model_format").upper() == "ORT"):
+        return None
+    with lookup.model_bytes(source) as data:
+        if data is None:
+            return None
+        props = metadata.scan_props(data)
+        if props is None:
+            return None
+        request = metadata.parse_request(props)  # a malformed annotation raises as the parsed path does
+        if fusion is None and not (request.annotated and request.enabled):
+            return None
+        if not (fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)):
+            return None
+        known, digest = lookup.may_know(data, props)
+    if known or digest is None or (request.digest is not None and request.digest != digest):
+        return None
+    return FusionReport(patterns=[], reason=UNKNOWN_YET, notes=[DEFERRED_NOTE])
+
+
+def requested_patterns(model: onnx.ModelProto, explicit) -> tuple[str, ...]:
+    """The pattern ids a session on ``model`` considers: ``explicit`` (``fusion_patterns=``), else
+    the model's metadata, else all; in catalogue order."""
+    request = metadata.parse_request(metadata.read_props(model))
+    return validate_patterns(explicit if explicit is not None else request.patterns)
 
 
 def auto_tuning(model: onnx.ModelProto, patterns, sess_options, mode: str):

@@ -1,6 +1,8 @@
 """``fusion="auto"``: measure each fusion against ORT on this machine and keep the winners.
 
     tuner      the entry point (``tune``), the decisions' cache and the table ``ortfuse tune`` prints
-    measure    cutting matches into subgraphs and timing them against stock ORT
+    measure    the whole plan first, else cutting matches into subgraphs, timed against stock ORT
     decisions  the verdicts, the whole-model check and the ``fuse(keep=...)`` rule they make
+    lookup     whether decisions may exist for a model, from its serialized bytes (no onnx)
+    yielding   runs and timings that yield to served runs (in a thread, or in a tuning process)
 """

@@ -13,12 +13,16 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from ortfuse.fusion.report import FUSED, FusionReport, MatchRecord
-from ortfuse.ir.graph import GraphIndex
+
+if TYPE_CHECKING:  # a session created with nothing known imports this module without needing onnx
+    import onnx
+
+    from ortfuse.ir.graph import GraphIndex
 
 MARGIN = 0.05  # a fusion must be at least 5% faster than ORT on its subgraph
 MODEL_LIMIT = 0.98  # the whole auto model must win by 2% (median) and in every repeat, else nothing is kept
@@ -68,6 +72,7 @@ class Tuning:
     failure: str | None = None
     budget_spent: bool = False
     ranked: str = ""  # what measuring the kernel ranking first found (tune.ranking), for the report
+    whole_plan: dict | None = None  # every match fused, timed first when it did not win (measure.whole_plan)
 
     @property
     def cacheable(self) -> bool:
@@ -130,6 +135,13 @@ class Tuning:
             note += (f"; whole model {c['fused_ms']:.3f} ms vs stock ORT {c['ort_ms']:.3f} ms "
                      f"(ratio {c['ratio']:.3f}, {'passed' if c['passed'] else 'failed'})")
         report.notes.append(note)
+        w = self.whole_plan
+        if w:
+            report.notes.append(f"auto: every match fused did not win as a whole ({w['failure']})" if "failure" in w
+                                else f"auto: every match fused ran {w['ratio']:.3f}x stock ORT as a whole (repeats "
+                                f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; kept as a whole only at "
+                                f"{MODEL_LIMIT:.2f} or better and below 1 in every repeat); the matches were measured "
+                                "by class and alone")
         if self.ranked:
             report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
         if self.failure:
@@ -141,13 +153,15 @@ class Tuning:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "key": self.key, "seconds": self.seconds, "model_check": self.model_check,
                 "failure": self.failure, "budget_spent": self.budget_spent, "ranked": self.ranked,
+                "whole_plan": self.whole_plan,
                 "decisions": [dataclasses.asdict(d) for d in self.decisions]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str = "") -> Tuning:
         return cls(data["key"], [Decision(**d) for d in data["decisions"]], data.get("model_check"),
                    data.get("seconds", 0.0), path, from_cache=True, failure=data.get("failure"),
-                   budget_spent=bool(data.get("budget_spent", False)), ranked=data.get("ranked", ""))
+                   budget_spent=bool(data.get("budget_spent", False)), ranked=data.get("ranked", ""),
+                   whole_plan=data.get("whole_plan"))
 
 
 def budget_reason(budget_s: float) -> str:
@@ -183,6 +197,8 @@ def constants_digest(ix: GraphIndex, nodes: list[onnx.NodeProto]) -> str:
 def constants_digester(model: onnx.ModelProto) -> Callable[[list[str]], str]:
     """A function of node names giving ``constants_digest`` of those nodes of ``model`` ("" when one
     is not in it): what ``Decision.constants`` records. The graph is indexed once."""
+    from ortfuse.ir.graph import GraphIndex
+
     ix = GraphIndex(model, infer_shapes=False)
     by_name = {ix.name_of(n): n for n in ix.graph.node}
 

@@ -96,7 +96,7 @@ def compile_kernels(fused, on_start: Callable[[subprocess.Popen | None], None] =
     return ""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when its parent ends (a stopped child must not outlive it)."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -107,7 +107,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> int:
     import onnx
 
-    _die_with_parent()
+    die_with_parent()
     with contextlib.suppress(AttributeError, OSError):  # a process of its own: it holds no lock the server waits for
         os.nice(19)  # between served runs, the serving thread's own work comes first
     compile_here(onnx.load(argv[0]))

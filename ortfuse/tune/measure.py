@@ -1,7 +1,9 @@
 """Measuring ``fusion="auto"``'s decisions: each legal match cut out into a subgraph and timed against
 stock ORT, then the whole model with the kept fusions (docs/ARCHITECTURE.md §8).
 
-Per legal match found by ``fuse``:
+The tuner first tries ``whole_plan``: every legal match fused, in the plan a session runs, timed
+against stock ORT as a whole; when that wins (``MODEL_LIMIT``, every repeat) every match is kept
+and nothing below runs. Otherwise ``measure``, per legal match found by ``fuse``:
 - cut the replaced nodes out into a standalone model, constants as initializers, fed with the very
   tensors they receive in the model (one stock ORT run on sample inputs records them: real shapes,
   real values);
@@ -125,6 +127,83 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
     return tuning
 
 
+def whole_plan(model, ids, level, threads, sample, key, precision: str = registry.FP32,
+               budget_s: float = MODEL_BUDGET_S) -> tuple[Tuning | None, dict | None]:
+    """Every legal match fused, in the plan a session runs (``_plan_runner``), checked and timed
+    against stock ORT on ``sample``: (a Tuning keeping every match, the check) when it is at most
+    ``MODEL_LIMIT`` of stock ORT in the median and below 1 in every repeat (a median win with one
+    repeat at 1 or above is timed once more, twice as long, and judged on that look alone); else
+    (None, the check, or None when it could not run). A fused plan's gain often lies between its matches (ORT's
+    layout around them, the regions the layout step runs blocked), which no cut-out subgraph shows,
+    so the whole plan is judged first; each decision records the kernel its match gets and the
+    digest of its constants, as a measured match's does."""
+    import onnxruntime as ort
+
+    try:
+        fused, report = fuse(model, ids, precision=precision)
+        if not report.fused:
+            return None, None
+        run = _plan_runner(model, fused, report, _options(level, threads, precision))
+        if run is None:
+            return None, None
+        stock = ort.InferenceSession(model.SerializeToString(), _options(level, threads), providers=CPU)
+        expected, got = yielding.run_session(stock, sample), run(sample)
+        if not _outputs_agree(expected, got, precision):
+            return None, {"failure": "the whole plan's outputs differ from stock ORT's on the sample"}
+        pair = (lambda: run(sample), lambda: yielding.run_session(stock, sample))
+        fused_ms, ort_ms, ratios = _time_pair(*pair, budget_s)
+        looks = 1
+        if fused_ms <= MODEL_LIMIT * ort_ms and max(ratios) >= 1:  # a win in the median, not in one repeat:
+            fused_ms, ort_ms, ratios = _time_pair(*pair, 2 * budget_s)  # one more look, twice as long, alone
+            looks = 2
+    except Exception as exc:  # noqa: BLE001 - the matches are then measured one by one
+        return None, {"failure": f"the whole plan could not be measured ({_brief(exc)})"}
+    ratio = fused_ms / ort_ms
+    check = {"fused_ms": fused_ms, "ort_ms": ort_ms, "ratio": ratio, "ratios": ratios, "looks": looks,
+             "passed": ratio <= MODEL_LIMIT and max(ratios) < 1, "fused_ops": len(report.fused), "whole_plan": True}
+    if not check["passed"]:
+        return None, check
+    ix = GraphIndex(model, infer_shapes=False)
+    by_name = {ix.name_of(n): n for n in ix.graph.node}
+    why = (f"auto: kept with every match fused: the whole plan ran {ratio:.3f}x stock ORT "
+           f"(repeats {min(ratios):.3f}-{max(ratios):.3f}; limit {MODEL_LIMIT:.2f})")
+    tuning = Tuning(key, model_check=check)
+    tuning.decisions = [Decision(rec.pattern_id, list(rec.nodes), True, why, kernel=rec.kernel,
+                                 constants=constants_digest(ix, [by_name[n] for n in rec.nodes]))
+                        for rec in report.fused]
+    return tuning, check
+
+
+def _plan_runner(model, fused, report, sess_options) -> Callable | None:
+    """A function running ``fused`` (``fuse``'s output for ``model``) as a session with that plan
+    runs it: the layout step's rewrite at ORT_ENABLE_ALL, ortfuse's ops registered, the ORT
+    optimizers the plan disables; None when it needs reference kernels or the native ops cannot be
+    registered (the matches are then measured one by one)."""
+    if reference_op_inputs(fused) is not None:
+        return None
+    from ortfuse.layout.planner import plan_layout
+
+    native = frozenset(native_op_types(fused))
+    layout, _ = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers)
+    if layout is not None:
+        fused, native = layout.model, native | layout.native_ops
+    run, why_not = _fused_runner(fused, sess_options, report.disabled_ort_optimizers, native)
+    return None if why_not else run
+
+
+def _outputs_agree(expected, got, precision: str) -> bool:
+    """Whole-model outputs within the live swap's tolerance: |got - expected| <= rtol |expected| +
+    atol max(1, max|expected|)."""
+    rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if precision == registry.BF16 else (CHECK_RTOL, CHECK_ATOL)
+    for e, g in zip(expected, got):
+        if not isinstance(e, np.ndarray):
+            continue
+        scale = float(np.abs(e).max()) if e.size and e.dtype.kind in "fc" else 1.0
+        if e.shape != np.shape(g) or not np.allclose(g, e, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True):
+            return False
+    return True
+
+
 def _decide_match(model, rec, cut: _Cut, constants: str, captured: dict, measured: dict[str, Decision], level,
                   threads, precision: str, spent_budget: float | None) -> Decision:
     """The decision on one match (``rec``, a record of the unconstrained fuse; ``constants``, the
@@ -231,16 +310,18 @@ def _options(level, threads: int, precision: str = registry.FP32):
     return so
 
 
-def _fused_runner(fused: onnx.ModelProto, sess_options, disabled_optimizers=()) -> tuple[Callable | None, str]:
+def _fused_runner(fused: onnx.ModelProto, sess_options, disabled_optimizers=(),
+                  native: frozenset | None = None) -> tuple[Callable | None, str]:
     """A function running ``fused`` (a model ``fuse`` returned) on its feeds, on stock ORT with
-    ortfuse's ops registered and runs guarded where it holds reference kernels, as
-    ``ortfuse.InferenceSession`` runs it; or (None, why the native ops could not be registered)."""
+    ortfuse's ops registered (``native``: the native op types, default those ``fuse`` wrote) and runs
+    guarded where it holds reference kernels, as ``ortfuse.InferenceSession`` runs it; or (None, why
+    the native ops could not be registered)."""
     import onnxruntime as ort
 
     reference_inputs = reference_op_inputs(fused)
     if any(n.domain == DOMAIN for n in fused.graph.node):
-        sess_options, why_not = with_custom_ops(sess_options, frozenset(native_op_types(fused)),
-                                                python_ops=reference_inputs is not None)
+        native = frozenset(native_op_types(fused)) if native is None else native
+        sess_options, why_not = with_custom_ops(sess_options, native, python_ops=reference_inputs is not None)
         if why_not:
             return None, why_not
     extra = {"disabled_optimizers": set(disabled_optimizers)} if disabled_optimizers else {}

@@ -34,11 +34,13 @@ from ortfuse.kernels import isa, ranking, registry
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.files import write_atomic
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
+from ortfuse.tune import lookup
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
 
 ENV = TUNE_ENV
 RANK_SHARE = 0.4  # of the tuning budget, for measuring the kernel ranking first (ortfuse.tune.ranking)
+WHOLE_PLAN_SHARE = 0.2  # of the tuning budget, timing every match fused as a whole first (measure.whole_plan)
 
 
 def tuning_enabled() -> bool:
@@ -101,14 +103,20 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     try:  # the feeds only now: the key needs shapes only
         feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
                                                                           model=model)
-        verdicts: dict = {}
-        if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
-            ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
-            key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
-            path = _cache_path(key)
-        left = max(budget - (time.perf_counter() - start), 0.25 * budget)
-        tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left,
-                                   verdicts=verdicts)
+        won, whole = measuring.whole_plan(model, ids, level, threads, feed, key, precision,
+                                          budget_s=max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
+        if won is not None:  # every match fused wins: kept as a whole, nothing to measure one by one
+            tuning = won
+        else:
+            verdicts: dict = {}
+            if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
+                ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
+                key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
+                path = _cache_path(key)
+            left = max(budget - (time.perf_counter() - start), 0.25 * budget)
+            tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left,
+                                       verdicts=verdicts)
+            tuning.whole_plan = whole
     except Exception as exc:  # the model runs as stock ORT, and the report says why
         return _failed(Tuning(key), one_sentence(exc))
     tuning.ranked = ranked
@@ -247,13 +255,13 @@ def cache_root() -> Path:
 
 def _cache_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / f"{key['graph_digest'][:16]}-{digest}.json"
+    return cache_root() / f"{lookup.file_prefix(key['graph_digest'])}{digest}.json"
 
 
 def _any_shapes_path(key: dict) -> Path:
     rest = {k: v for k, v in key.items() if k != "inputs"}
     digest = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / f"{key['graph_digest'][:16]}-any-{digest}.json"
+    return cache_root() / f"{lookup.file_prefix(key['graph_digest'])}any-{digest}.json"
 
 
 def _write_any_shapes(key: dict, tuning: Tuning) -> None:

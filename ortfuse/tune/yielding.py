@@ -128,12 +128,85 @@ class Yielder:
         raise Starved(f"served runs left no idle window for one timed run in {MAX_ATTEMPTS} attempts")
 
 
-def install(yielder: Yielder | None) -> None:
+class SharedCounts:
+    """The serving side's counts shared with a tuning process: served runs started (the epoch) and
+    runs in flight, two unsigned 64-bit integers in a file both processes map. The serving process
+    writes them (``served``, ``ended``) under its own lock; the tuning process only reads."""
+
+    SIZE = 16
+
+    def __init__(self, path: str, create: bool = False) -> None:
+        import mmap
+
+        if create:
+            with open(path, "wb") as fh:
+                fh.write(bytes(self.SIZE))
+        self.path = path
+        with open(path, "r+b" if create else "rb") as fh:
+            self._map = mmap.mmap(fh.fileno(), self.SIZE, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_READ)
+
+    def read(self) -> tuple[int, int]:
+        """(epoch, runs in flight)."""
+        import struct
+
+        return struct.unpack_from("QQ", self._map, 0)
+
+    def served(self) -> None:
+        import struct
+
+        epoch, inflight = self.read()
+        struct.pack_into("QQ", self._map, 0, epoch + 1, inflight + 1)
+
+    def ended(self) -> None:
+        import struct
+
+        epoch, inflight = self.read()
+        struct.pack_into("QQ", self._map, 0, epoch, max(inflight - 1, 0))
+
+
+class ProcessYielder:
+    """The ``Yielder`` of a tuning in a process of its own (``ortfuse.tune.tune_process``): the serving
+    process stops it (SIGSTOP) while a served run is in flight, so nothing of it runs then; its
+    runs wait while a run is in flight, and a timing is kept only when no served run started during
+    it (the shared epoch did not change and none is in flight at its end); otherwise it is taken
+    again, and ``MAX_ATTEMPTS`` disturbed timings in a row raise ``Starved``."""
+
+    POLL_S = 0.001
+
+    def __init__(self, counts: SharedCounts) -> None:
+        self._counts = counts
+        self.discarded = 0
+
+    def _idle_epoch(self) -> int:
+        while True:
+            epoch, inflight = self._counts.read()
+            if not inflight:
+                return epoch
+            time.sleep(self.POLL_S)
+
+    def run(self, call: Callable):
+        self._idle_epoch()
+        return call(None)
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        clock = time.perf_counter_ns
+        for _ in range(MAX_ATTEMPTS):
+            epoch = self._idle_epoch()
+            t0 = clock()
+            fn()
+            t1 = clock()
+            if self._counts.read() == (epoch, 0):
+                return (t1 - t0) / 1e6
+            self.discarded += 1
+        raise Starved(f"served runs left no idle window for one timed run in {MAX_ATTEMPTS} attempts")
+
+
+def install(yielder: Yielder | ProcessYielder | None) -> None:
     """Make ``yielder`` (None: none) the one this thread's tuning runs and timings yield through."""
     _local.yielder = yielder
 
 
-def current() -> Yielder | None:
+def current() -> Yielder | ProcessYielder | None:
     return getattr(_local, "yielder", None)
 
 

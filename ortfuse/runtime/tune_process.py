@@ -1,0 +1,166 @@
+"""A live tuning's measuring in a process of its own, which the serving process stops while a served
+run is in flight (docs/ARCHITECTURE.md §7).
+
+Why a process: measuring parses the model, infers shapes, fuses it and opens dozens of ORT sessions;
+onnx and ORT hold the GIL through those C calls (up to tens of milliseconds each), so a tuning
+thread delays the served runs of its own process however it yields. A child process holds no lock
+the server waits for, and a stopped process (SIGSTOP) takes no core: served runs get the machine.
+
+Contract:
+- ``tune(source, sess_options, fusion, fusion_patterns, sample, budget_s, ...)`` runs
+  ``python -m ortfuse.runtime.tune_process FOLDER`` (this module) and returns its result: the decisions
+  (``Tuning``, measured on ``sample``; first those the parsed lookup finds in the cache when
+  ``lookup_first``) after the child has also made the plan they give and stored it in the plan cache,
+  so the serving process's ``planning.prepare`` with those decisions reads it without parsing (when
+  the plan is stock ORT, its report: ``stock_report``);
+- ``on_start(process)`` hands the child to the caller, which stops it (SIGSTOP) while a served run
+  is in flight and continues it (SIGCONT) when none is, and writes its served runs into ``counts``
+  (``yielding.SharedCounts``): the child's timings are kept only when no served run overlapped them
+  (``yielding.ProcessYielder``); ``on_start(None)`` when the child has ended;
+- ``stopped()`` ends the wait and kills the child; the result is then None, as when the child
+  fails (the caller says why, with ``error``); never raises for the child's failures;
+- the child reads the model (the caller's path, or its bytes written to the folder, so the plan
+  cache's identity of the model is the caller's), the session options that key the plan (level,
+  intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``) and the feeds, from the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+
+POLL_S = 0.02
+_OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
+
+
+@dataclass
+class Outcome:
+    """What the child found: the decisions (``to_dict`` form) and where they are cached, or ``error``."""
+
+    tuning: dict | None = None
+    path: str = ""
+    from_cache: bool = False
+    discarded: int = 0
+    error: str = ""
+    stock_report: dict | None = None  # the report when the plan is stock ORT (nothing to read from the cache)
+
+
+def _options_spec(sess_options) -> dict:
+    if sess_options is None:
+        return {}
+    return {"level": int(sess_options.graph_optimization_level), "threads": int(sess_options.intra_op_num_threads),
+            "entries": {k: v for k in _OPTION_ENTRIES if (v := config_entry(sess_options, k))}}
+
+
+def _options_from(spec: dict):
+    if not spec:
+        return None
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel(spec["level"])
+    so.intra_op_num_threads = spec["threads"]
+    for key, value in spec["entries"].items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
+def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Mapping[str, np.ndarray],
+         budget_s: float, counts_path: str, *, lookup_first: bool = False,
+         on_start: Callable[[subprocess.Popen | None], None] = lambda p: None,
+         stopped: Callable[[], bool] = lambda: False) -> Outcome:
+    """See the module docstring."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory(prefix="ortfuse-tune-") as folder:
+        model = source
+        if isinstance(source, bytes):
+            model = os.path.join(folder, "model.bytes")
+            Path(model).write_bytes(source)
+        request = {"source": model, "bytes": isinstance(source, bytes), "options": _options_spec(sess_options),
+                   "fusion": fusion, "fusion_patterns": list(fusion_patterns) if fusion_patterns is not None else None,
+                   "budget_s": budget_s, "counts": counts_path, "lookup_first": lookup_first}
+        Path(folder, "request.json").write_text(json.dumps(request))
+        arrays: dict[str, Any] = dict(sample)
+        np.savez(os.path.join(folder, "sample.npz"), **arrays)
+        errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
+        try:
+            with open(errors, "wb") as sink:
+                child = subprocess.Popen([sys.executable, "-m", "ortfuse.runtime.tune_process", folder], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink)
+        except OSError as exc:
+            return Outcome(error=f"the tuning process did not start ({exc})")
+        on_start(child)
+        try:
+            while child.poll() is None and not stopped():
+                time.sleep(POLL_S)
+        finally:
+            on_start(None)
+            if child.poll() is None:
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGCONT)
+                    child.kill()
+            child.wait()
+        result = Path(folder, "result.json")
+        if child.returncode != 0 or not result.exists():
+            last = errors.read_text(errors="replace").strip().splitlines()[-1:]
+            return Outcome(error=f"the tuning process failed ({last[0] if last else child.returncode})")
+        return Outcome(**json.loads(result.read_text()))
+
+
+def _child(folder: str) -> Outcome:
+    from ortfuse.runtime import planning
+    from ortfuse.tune import tuner, yielding
+
+    request = json.loads(Path(folder, "request.json").read_text())
+    source = Path(request["source"]).read_bytes() if request["bytes"] else request["source"]
+    options = _options_from(request["options"])
+    with np.load(os.path.join(folder, "sample.npz")) as data:
+        sample = {k: data[k] for k in data.files}
+    yielder = yielding.ProcessYielder(yielding.SharedCounts(request["counts"]))
+    yielding.install(yielder)
+    model, why_not = planning.load_model(source, options)
+    if model is None:
+        return Outcome(error=f"tuning failed: {why_not}")
+    patterns = planning.requested_patterns(model, request["fusion_patterns"])
+    tuning = None
+    if request["lookup_first"]:  # what the parsed lookup at creation would have found (ortfuse.tune.lookup)
+        tuning = tuner.tune(model, patterns, options, measure=False, any_shapes=True)
+    if tuning is None or not tuning.measured or tuning.failure:
+        tuning = tuner.tune(model, patterns, options, sample=sample, measure=True, budget_s=request["budget_s"])
+    if tuning.failure:
+        return Outcome(error=f"tuning failed: {tuning.failure}")
+    del model
+    # the plan these decisions give, made here and stored in the plan cache for the serving process
+    prepared = planning.prepare(source, options, request["fusion"], request["fusion_patterns"], mode="off",
+                                tuning=tuning)
+    stock = prepared.report.to_dict() if prepared.plan is None else None
+    return Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock)
+
+
+def main(argv: list[str]) -> int:
+    from ortfuse.tune.kernel_compile import die_with_parent
+
+    die_with_parent()
+    outcome = _child(argv[0])
+    Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

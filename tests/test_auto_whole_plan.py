@@ -1,0 +1,128 @@
+"""The tuner's first step (``ortfuse.tune.measure.whole_plan``): every legal match fused, in the plan a
+session runs, checked and timed against stock ORT as a whole. When it wins, every match is kept with
+the kernel it gets and its constants' digest, and nothing is measured one by one; when it loses or
+its outputs differ, the matches are measured by class and alone as before, and the report says why.
+
+Verdicts are driven by stated timings (``measure._time_pair`` replaced), never by this machine's
+clock; outputs are compared with stock ORT at ORT_DISABLE_ALL within ``TOL``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+
+import ortfuse
+from ortfuse.fusion.report import FUSED
+from ortfuse.tune import measure as measuring
+from ortfuse.tune import tuner as tune
+from ortfuse.tune.decisions import MODEL_LIMIT
+
+from model_fixtures import ffn_inputs, ffn_matmul_add_relu
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(tune.ENV, raising=False)
+
+
+def _stated(monkeypatch, *pairs):
+    """``_time_pair`` returns these (fused ms, ORT ms[, each repeat's ratio]) in turn; without the
+    repeats, each repeat at the median's ratio."""
+    calls = iter([(p[0], p[1], p[2] if len(p) > 2 else [p[0] / p[1]] * measuring.REPEATS) for p in pairs])
+    monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: next(calls))
+
+
+def _stock(model, feeds):
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def test_a_winning_whole_plan_keeps_every_match_with_its_kernel_and_constants(monkeypatch):
+    _stated(monkeypatch, (0.5, 1.0))
+    monkeypatch.setattr(measuring, "measure", lambda *a, **k: pytest.fail("measured the matches one by one"))
+    monkeypatch.setattr(tune, "_rank", lambda *a, **k: pytest.fail("ranked the kernels after a winning plan"))
+    model = ffn_matmul_add_relu()
+    tuning = tune.tune(model, force=True)
+    _, unconstrained = ortfuse.fuse(model)
+    assert {tuple(m.nodes): m.kernel for m in unconstrained.fused} == \
+        {tuple(d.nodes): d.kernel for d in tuning.decisions}
+    assert all(d.keep and d.constants and "whole plan ran 0.500x" in d.reason for d in tuning.decisions)
+    assert tuning.model_check["passed"] and tuning.model_check["whole_plan"] and tuning.cacheable
+    fused, report = ortfuse.fuse(model, keep=tuning.keep_rule(model))
+    assert len(report.fused) == len(unconstrained.fused) == 2
+    session = ortfuse.InferenceSession(model, fusion="auto")  # the cache: no measuring at creation
+    assert session.fusion_report.applied and all(m.decision == FUSED for m in session.fusion_report.matches)
+    feeds = ffn_inputs()
+    for got, want in zip(session.run(None, feeds), _stock(model, feeds)):
+        np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("ratio", [1.0, MODEL_LIMIT + 0.005])
+def test_a_losing_whole_plan_falls_back_to_measuring_the_matches(monkeypatch, ratio):
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (1.0, 1.0))
+    _stated(monkeypatch, (ratio, 1.0), (0.5, 1.0), (0.5, 1.0), (0.5, 1.0))  # whole plan, 2 matches, check
+    model = ffn_matmul_add_relu()
+    tuning = tune.tune(model, force=True)
+    assert tuning.whole_plan is not None and tuning.whole_plan["ratio"] == pytest.approx(ratio)
+    assert len(tuning.decisions) == 2 and all(d.fused_ms == 0.5 and d.ort_ms == 1.0 for d in tuning.decisions)
+    assert tuning.model_check is not None and "whole_plan" not in tuning.model_check
+    report = ortfuse.fuse(model, keep=tuning.keep_rule(model))[1]
+    tuning.annotate(report)
+    assert any(f"every match fused ran {ratio:.3f}x stock ORT as a whole" in n for n in report.notes), report.notes
+    assert tune.Tuning.from_dict(tuning.to_dict()).whole_plan == tuning.whole_plan  # cached with the decisions
+
+
+def test_a_whole_plan_whose_outputs_differ_is_not_kept(monkeypatch):
+    monkeypatch.setattr(measuring, "_outputs_agree", lambda expected, got, precision: False)
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
+    _stated(monkeypatch)  # no timing at all: the plan is refused before it is timed
+    tuning = tune.tune(ffn_matmul_add_relu(), force=True)
+    assert "outputs differ" in tuning.whole_plan["failure"]
+    assert not any(d.keep for d in tuning.decisions) and len(tuning.decisions) == 2
+
+
+def test_the_whole_plan_is_the_plan_a_session_runs(monkeypatch):
+    """The timed plan goes through the layout step at the session's level and disables the ORT
+    optimizers the fused report names, as ``runtime.planning`` does for the session."""
+    from ortfuse.layout import planner
+
+    seen: list = []
+    real_layout = planner.plan_layout
+
+    def spy(original, fused, sess_options, native, disabled=(), data=None):
+        seen.append((sess_options.graph_optimization_level, set(disabled)))
+        return real_layout(original, fused, sess_options, native, disabled, data)
+
+    monkeypatch.setattr(planner, "plan_layout", spy)
+    opened: list = []
+    real_runner = measuring._fused_runner
+
+    def runner(fused, sess_options, disabled=(), native=None):
+        opened.append(set(disabled))
+        return real_runner(fused, sess_options, disabled, native)
+
+    monkeypatch.setattr(measuring, "_fused_runner", runner)
+    _stated(monkeypatch, (0.5, 1.0))
+    model = ffn_matmul_add_relu()
+    tuning = tune.tune(model, force=True)
+    assert tuning.model_check["whole_plan"]
+    _, report = ortfuse.fuse(model)
+    assert seen == [(onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL, set(report.disabled_ort_optimizers))]
+    assert opened == [set(report.disabled_ort_optimizers)]
+
+
+@pytest.mark.parametrize("second, kept", [((0.9, 1.0), True), ((0.95, 1.0, [0.9, 0.95, 1.01]), False)])
+def test_a_median_win_lost_in_one_repeat_is_looked_at_once_more(monkeypatch, second, kept):
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
+    _stated(monkeypatch, (0.95, 1.0, [0.9, 0.95, 1.02]), second, (0.5, 1.0))
+    tuning = tune.tune(ffn_matmul_add_relu(), force=True)
+    check = tuning.model_check if kept else tuning.whole_plan
+    assert check["looks"] == 2 and check["passed"] is kept
+    assert all(d.keep for d in tuning.decisions) is kept and len(tuning.decisions) == 2
