@@ -255,13 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
         print(_line(results[-1]), flush=True)
     if args.json:
-        target = Path(args.json)
-        if args.json.endswith("/") or target.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            stem = f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"
-            target, k = target / f"{stem}.json", 2
-            while target.exists():  # a later run the same day (benchmarks/results/README.md)
-                target, k = target.with_name(f"{stem}-{k}.json"), k + 1
+        from ortfuse.bench.output import result_file
+
+        target = Path(result_file(args.json, f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"))
         target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results}, indent=1))
         print(f"wrote {target}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning")

@@ -195,13 +195,9 @@ def empty_cache_main(args, work: Path) -> int:
         print(f"| {r['model']} | {r['stock_s']:.3f} | {r['auto_s']:.3f} | {r['limit_s']:.3f} | "
               f"{'yes' if r['within'] else 'NO'} | {r['auto_imported_onnx']} / {r['auto_imported_numba']} |")
     if args.json:
-        out = Path(args.json)
-        if args.json.endswith("/") or out.is_dir():
-            out.mkdir(parents=True, exist_ok=True)
-            stem = f"creation_bench-empty_cache-{_dt.date.today().isoformat()}"
-            out, k = out / f"{stem}.json", 2
-            while out.exists():  # a later run the same day (benchmarks/results/README.md)
-                out, k = out.with_name(f"{stem}-{k}.json"), k + 1
+        from ortfuse.bench.output import result_file
+
+        out = Path(result_file(args.json, f"creation_bench-empty_cache-{_dt.date.today().isoformat()}"))
         out.write_text(json.dumps({"tool": "creation_bench", "mode": "empty_cache", "settings": vars(args),
                                    "environment": env_before, "load_average_after": os.getloadavg(),
                                    "results": results}, indent=1))

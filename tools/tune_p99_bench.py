@@ -191,13 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in ratios.items():
         print(f"  {name}: {value}")
     if args.json:
-        target = Path(args.json)
-        if args.json.endswith("/") or target.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            stem = f"tune_p99_bench-{Path(args.model).stem}-{_dt.date.today().isoformat()}"
-            target, k = target / f"{stem}.json", 2
-            while target.exists():  # a later run the same day: -2, -3, ... (benchmarks/results/README.md)
-                target, k = target.with_name(f"{stem}-{k}.json"), k + 1
+        from ortfuse.bench.output import result_file
+
+        target = Path(result_file(args.json, f"tune_p99_bench-{Path(args.model).stem}-{_dt.date.today().isoformat()}"))
         target.write_text(json.dumps(result, indent=1))
         print(f"wrote {target}")
     return 0

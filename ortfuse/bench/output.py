@@ -227,11 +227,17 @@ def result_path(doc: dict, target: str) -> str:
     """Where ``--json TARGET`` writes: TARGET itself, or, when TARGET is a folder (an existing one, or
     a path ending in a slash), ``TARGET/bench-<models>-<date>.json`` there (``-2``, ``-3``... when that
     name is taken): the naming of ``benchmarks/results/`` (docs/ARCHITECTURE.md §8)."""
+    models = "+".join(dict.fromkeys(Path(res["model"]).stem for res in doc["results"])) or "none"
+    return result_file(target, f"bench-{models}-{str(doc['environment']['date'])[:10]}")
+
+
+def result_file(target: str, stem: str) -> str:
+    """``--json TARGET`` of any tool: TARGET itself, or, when TARGET is a folder (an existing one, or a
+    path ending in a slash, created), ``TARGET/<stem>.json`` there, ``<stem>-2.json``, ``-3``... when
+    that name is taken by an earlier run (benchmarks/results/README.md)."""
     if not (os.path.isdir(target) or target.endswith(("/", os.sep))):
         return target
-    models = "+".join(dict.fromkeys(Path(res["model"]).stem for res in doc["results"])) or "none"
-    date = str(doc["environment"]["date"])[:10]
-    stem = f"bench-{models}-{date}"
+    os.makedirs(target, exist_ok=True)
     path, n = os.path.join(target, stem + ".json"), 1
     while os.path.exists(path):
         n += 1
