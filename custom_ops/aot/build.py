@@ -106,14 +106,14 @@ def _compile_unit(job: tuple[int, str, str]) -> list[str]:
     return build_object([units()[index]], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
 
 
-def _compile_all(n_units: int, isa: str, workdir: str, jobs: int) -> list[str]:
+def _compile_all(all_units: list, isa: str, workdir: str, jobs: int) -> list[str]:
     """One object per unit, compiled by ``jobs`` worker processes that each take the next unit when
     done, costliest first (``compile_cost``): the units' compile times differ by 100x, and a long
     unit started last would leave the other workers idle."""
     import multiprocessing
 
+    n_units = len(all_units)
     outs = [os.path.join(workdir, f"unit{i}.o") for i in range(n_units)]
-    all_units = units()
     order = sorted(range(n_units), key=lambda i: -compile_cost(all_units[i].fn))
     jobs_list = [(i, isa, outs[i]) for i in order]
     from ortfuse.custom_ops.aot.objects import skip_jit_codegen
@@ -141,7 +141,7 @@ def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortfuse-aot-") as workdir:
-        objects = _compile_all(len(all_units), isa, workdir, jobs)
+        objects = _compile_all(all_units, isa, workdir, jobs)
         t1 = time.perf_counter()
         source = c_source(records, tokens, IR_CALLBACKS, [u.symbol for u in all_units], key=key, isa=isa,
                           domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN)
