@@ -25,6 +25,9 @@ Forms (ORT 1.32 CPU kernels; scale, heads from the match):
   where the graph would add (1 - m) c).
 - ``mha_bias`` / ``mha_mask``: x @ W_qkv -> Split -> com.microsoft:MultiHeadAttention(q, k, v, b_qkv)
   with the same two mask inputs.
+- ``native_core``: x @ W_qkv (ORT's MatMul) -> the native FusedAttentionCore(qkv, b_qkv, M), which
+  takes the graph's additive mask as it is (exact for any mask values), offered where the native
+  path has it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ortfuse.custom_ops.specs import OpSpec
+from ortfuse.custom_ops.specs import DOMAIN, OpSpec
 from ortfuse.fusion.rulekit.attention import (
     Heads,
     heads,
@@ -54,6 +57,7 @@ from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
 ID = "attention"
+CORE_OP = "FusedAttentionCore"  # custom_ops/native/ops/attention_core.py
 
 
 def _scores(ix: GraphIndex, tensor: str):
@@ -165,22 +169,32 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     return Match(ID, "FusedAttention", nodes, [x, inits[0].name, inits[1].name, mask], output, attrs, inits)
 
 
-def reference(x, w, b, mask, num_heads: int, scale: float, **_):
-    """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64."""
-    batch, seq, hidden = x.shape
-    size = hidden // num_heads
-    qkv = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
-    q, k, v = (t.reshape(batch, seq, num_heads, size).transpose(0, 2, 1, 3) for t in np.split(qkv, 3, axis=-1))
+def core_reference(qkv, bias, mask, num_heads: int, scale: float, **_):
+    """The attention of the packed projection ``qkv`` = x @ W (bias not added), in float64."""
+    batch, seq, width = qkv.shape
+    size = width // (3 * num_heads)
+    t = qkv.astype(np.float64) + bias.astype(np.float64)
+    q, k, v = (x.reshape(batch, seq, num_heads, size).transpose(0, 2, 1, 3) for x in np.split(t, 3, axis=-1))
     scores = q @ k.transpose(0, 1, 3, 2) * scale + mask.astype(np.float64)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    return (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, hidden).astype(np.float32)
+    return (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, num_heads * size).astype(np.float32)
+
+
+def reference(x, w, b, mask, num_heads: int, scale: float, **_):
+    """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64."""
+    return core_reference(x.astype(np.float64) @ w.astype(np.float64), b, mask, num_heads, scale)
 
 
 # FusedAttention(X[B, S, D], W[D, 3D], B[3D], M[B|1, H|1, S|1, S]; num_heads, scale, key_padding_mask,
 # mask_filter_value) = the attention above; key_padding_mask names the [B, S] mask M was built from.
 SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
               {"num_heads": int, "scale": float, "key_padding_mask": str, "mask_filter_value": float}, reference)
+
+
+# FusedAttentionCore(QKV[B, S, 3D] = x @ W, Bias[3D], M; num_heads, scale): the attention after the
+# projection, the native core of the ``native_core`` form.
+CORE_SPEC = OpSpec(CORE_OP, ID, ("QKV", "Bias", "M"), {"num_heads": int, "scale": float}, core_reference)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,9 +297,17 @@ def lower_mha_mask(m: Match, ctx: Context) -> Lowered | str:
     return Lowered(nodes + pre + [mha], inits)
 
 
+# FusedAttention   ->   MatMul(x, W_qkv) -> ai.onnx.contrib:FusedAttentionCore(qkv, b_qkv, M) (native)
+def lower_native_core(m: Match, ctx: Context) -> Lowered | str:
+    qkv = ctx.fresh("qkv")
+    core = node(CORE_OP, [qkv, m.inputs[2], m.inputs[3]], [m.output], domain=DOMAIN, **_common(m))
+    return Lowered([node("MatMul", m.inputs[:2], [qkv]), core])
+
+
 # Static priorities: attention_bias first (one GEMM for Q, K and V, and exact for any mask values);
-# the forms reading the raw mask only where the per-machine ranking (`ortfuse rank`) measures them
-# faster. Decision and measurement: docs/ARCHITECTURE.md §5.
+# the forms reading the raw mask, and the native core (ORT's MatMul, then one pass per head that
+# keeps only a block of rows of the scores), only where the per-machine ranking (`ortfuse rank`)
+# measures them faster. Decision and measurement: docs/ARCHITECTURE.md §5.
 LOWERING = (
     LoweringForm("attention_bias", "FusedAttention", "com.microsoft:Attention(attention_bias)",
                  lower_attention_bias, {"": 30}),
@@ -295,6 +317,8 @@ LOWERING = (
                  lower_mha_bias, {"": 24}),
     LoweringForm("mha_mask", "FusedAttention", "MatMul + Split + com.microsoft:MultiHeadAttention(key_padding_mask)",
                  lower_mha_mask, {"": 22}),
+    LoweringForm("native_core", "FusedAttention", f"MatMul + native {CORE_OP}", lower_native_core, {"": 20},
+                 native_ops={"": CORE_OP}),
 )
 
 
@@ -370,7 +394,7 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
 
 
 RULE = PatternRule(
-    id=ID, order=5, matcher=match, specs=(SPEC,), lowering=LOWERING,
+    id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC), lowering=LOWERING,
     examples=(
         Example("torchscript_bert_attention", _example),
         Example("dynamo_sdpa_attention", lambda: _example("dynamo")),
