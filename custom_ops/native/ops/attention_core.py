@@ -76,11 +76,23 @@ def _products(a, lda, b, ldb, c, ldc, depth, rows, cols):
                 n0 += LANES
 
 
+@njit(nogil=True, error_model="numpy", cache=True, fastmath={"reassoc"})
+def _exp_sum(row, top):
+    """row = exp(row - top); returns the sum. Only the sum may be reassociated (so that it
+    vectorizes with the exponentials); each exponential keeps vecmath's float32 steps."""
+    total = np.float32(0.0)
+    for k in range(row.shape[0]):
+        e = exp_f32(row[k] - top)
+        row[k] = e
+        total += e
+    return total
+
+
 @njit(nogil=True, error_model="numpy", cache=True)
 def _exp_row(row, mask, at, per_key):
     """row = exp(row + m - max_j(row + m)) with m = mask[at + j] (per_key) or mask[at]; returns
     1 / sum_j row[j], the softmax's normalization (applied to the context row instead). The maximum
-    and the sum keep eight partial values, so that no single dependency chain runs the row."""
+    keeps eight partial values, so that no single dependency chain runs the row."""
     s = row.shape[0]
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
     mv = mask[at]
@@ -105,34 +117,26 @@ def _exp_row(row, mask, at, per_key):
     top = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
     for k in range(j, s):
         top = max(top, row[k])
-    for k in range(s):
-        row[k] = exp_f32(row[k] - top)
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = np.float32(0.0)
-    j = 0
-    while j + 8 <= s:
-        t0, t1, t2, t3 = t0 + row[j], t1 + row[j + 1], t2 + row[j + 2], t3 + row[j + 3]
-        t4, t5, t6, t7 = t4 + row[j + 4], t5 + row[j + 5], t6 + row[j + 6], t7 + row[j + 7]
-        j += 8
-    total = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))
-    for k in range(j, s):
-        total += row[k]
+    total = _exp_sum(row, top)
     return np.float32(1.0) / total
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def scratch_floats(s, d):
-    """Floats of one block's scratch: K^T [d, Sp], V [S, dp], Q [BLOCK_ROWS, d], scores
-    [BLOCK_ROWS, Sp], context [BLOCK_ROWS, dp], the rows' normalizations [BLOCK_ROWS] (Sp, dp: S and
-    d rounded up to LANES)."""
+    """Floats of one block's scratch: K^T [d, Sp], V [S, dp] (used when d is not a multiple of
+    LANES), Q [BLOCK_ROWS, d], scores [BLOCK_ROWS, Sp], context [BLOCK_ROWS, dp], the rows'
+    normalizations [BLOCK_ROWS] (Sp, dp: S and d rounded up to LANES)."""
     sp = _round_up(s, LANES)
     dp = _round_up(d, LANES)
     return d * sp + s * dp + BLOCK_ROWS * (d + sp + dp + 1)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def attend(qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, scratch):
+def attend(qkv_a, qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, scratch):
     """Head h of batch b, in blocks of BLOCK_ROWS query rows (qkv, bias, mask, y: float32 arrays of
-    the whole tensors; mb, mh, ms, mk: M's four dimensions)."""
+    the whole tensors, qkv_a the address of qkv; mb, mh, ms, mk: M's four dimensions). With d a
+    multiple of LANES the product with V reads V where it is, and V's bias is added to the output
+    rows (the probabilities sum to 1)."""
     hd = heads * d
     sp = _round_up(s, LANES)
     dp = _round_up(d, LANES)
@@ -148,14 +152,17 @@ def attend(qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, scratch
     cx = f32_view(cx_a, BLOCK_ROWS * dp)
     inv = f32_view(cx_a + 4 * BLOCK_ROWS * dp, BLOCK_ROWS)
     row0 = b * s * 3 * hd
+    direct = d == dp
     for j in range(s):
         at = row0 + j * 3 * hd + h * d
         for e in range(d):
             kt[e * sp + j] = qkv[at + hd + e] + bias[hd + h * d + e]
-        for e in range(d):
-            v[j * dp + e] = qkv[at + 2 * hd + e] + bias[2 * hd + h * d + e]
-        for e in range(d, dp):
-            v[j * dp + e] = np.float32(0.0)
+        if not direct:
+            for e in range(d):
+                v[j * dp + e] = qkv[at + 2 * hd + e] + bias[2 * hd + h * d + e]
+            for e in range(d, dp):
+                v[j * dp + e] = np.float32(0.0)
+    v_src, ldv = (qkv_a + 4 * (row0 + 2 * hd + h * d), 3 * hd) if direct else (v_a, dp)
     for e in range(d):
         for j in range(s, sp):
             kt[e * sp + j] = np.float32(0.0)
@@ -170,11 +177,15 @@ def attend(qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, scratch
         _products(q_a, d, kt_a, sp, sc_a, sp, d, rp, sp)
         for r in range(rows):
             inv[r] = _exp_row(sc[r * sp:r * sp + s], mask, m_head + ((r0 + r) if ms > 1 else 0) * mk, mk > 1)
-        _products(sc_a, sp, v_a, dp, cx_a, dp, s, rp, dp)
+        _products(sc_a, sp, v_src, ldv, cx_a, dp, s, rp, dp)
         for r in range(rows):
             at = (b * s + r0 + r) * hd + h * d
-            for e in range(d):
-                y[at + e] = cx[r * dp + e] * inv[r]
+            if direct:
+                for e in range(d):
+                    y[at + e] = cx[r * dp + e] * inv[r] + bias[2 * hd + h * d + e]
+            else:
+                for e in range(d):
+                    y[at + e] = cx[r * dp + e] * inv[r]
 
 
 def compute_attention_core(kernel, ctx):
@@ -246,7 +257,8 @@ def _attention_worker(args, block):
     bias = f32_view(load_i64(args + 8 * AC_BIAS), 3 * hd)
     mask = f32_view(load_i64(args + 8 * AC_MASK), mb * mh * ms * mk)
     y = f32_view(load_i64(args + 8 * AC_Y), batch * s * hd)
-    attend(qkv, bias, mask, y, s, heads, d, np.float32(load_f64(args + 8 * AC_SCALE)), b, h, mb, mh, ms, mk, scratch)
+    scale = np.float32(load_f64(args + 8 * AC_SCALE))
+    attend(load_i64(args + 8 * AC_QKV), qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, scratch)
     c_free(scratch)
 
 
