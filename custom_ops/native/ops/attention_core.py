@@ -98,14 +98,15 @@ def _exp_row(row, mask, at, per_key):
     mv = mask[at]
     j = 0
     if per_key:
+        mr = mask[at:at + s]  # slices here and below: indices numba knows are >= 0, so loops vectorize
         while j + 8 <= s:
             for k in range(j, j + 8):
-                row[k] += mask[at + k]
+                row[k] += mr[k]
             m0, m1, m2, m3 = max(m0, row[j]), max(m1, row[j + 1]), max(m2, row[j + 2]), max(m3, row[j + 3])
             m4, m5, m6, m7 = max(m4, row[j + 4]), max(m5, row[j + 5]), max(m6, row[j + 6]), max(m7, row[j + 7])
             j += 8
         for k in range(j, s):
-            row[k] += mask[at + k]
+            row[k] += mr[k]
     else:
         if mv != 0:  # one value for the whole row: added as ORT adds it (it can round every score to it)
             for k in range(s):
@@ -153,15 +154,18 @@ def attend(qkv_a, qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, 
     inv = f32_view(cx_a + 4 * BLOCK_ROWS * dp, BLOCK_ROWS)
     row0 = b * s * 3 * hd
     direct = d == dp
+    bq, bk, bv = bias[h * d:h * d + d], bias[hd + h * d:hd + h * d + d], bias[2 * hd + h * d:2 * hd + h * d + d]
     for j in range(s):
         at = row0 + j * 3 * hd + h * d
+        kj = qkv[at + hd:at + hd + d]
         for e in range(d):
-            kt[e * sp + j] = qkv[at + hd + e] + bias[hd + h * d + e]
+            kt[e * sp + j] = kj[e] + bk[e]
         if not direct:
+            vj, vr = qkv[at + 2 * hd:at + 2 * hd + d], v[j * dp:j * dp + dp]
             for e in range(d):
-                v[j * dp + e] = qkv[at + 2 * hd + e] + bias[2 * hd + h * d + e]
+                vr[e] = vj[e] + bv[e]
             for e in range(d, dp):
-                v[j * dp + e] = np.float32(0.0)
+                vr[e] = np.float32(0.0)
     v_src, ldv = (qkv_a + 4 * (row0 + 2 * hd + h * d), 3 * hd) if direct else (v_a, dp)
     for e in range(d):
         for j in range(s, sp):
@@ -171,21 +175,27 @@ def attend(qkv_a, qkv, bias, mask, y, s, heads, d, scale, b, h, mb, mh, ms, mk, 
         rows = min(BLOCK_ROWS, s - r0)
         rp = _round_up(rows, ROWS)
         for r in range(rp):
-            for e in range(d):
-                q[r * d + e] = (qkv[row0 + (r0 + r) * 3 * hd + h * d + e] + bias[h * d + e]) * scale if r < rows \
-                    else np.float32(0.0)
+            qr = q[r * d:r * d + d]
+            if r < rows:
+                at = row0 + (r0 + r) * 3 * hd + h * d
+                qi = qkv[at:at + d]
+                for e in range(d):
+                    qr[e] = (qi[e] + bq[e]) * scale
+            else:
+                qr[:] = np.float32(0.0)
         _products(q_a, d, kt_a, sp, sc_a, sp, d, rp, sp)
         for r in range(rows):
             inv[r] = _exp_row(sc[r * sp:r * sp + s], mask, m_head + ((r0 + r) if ms > 1 else 0) * mk, mk > 1)
         _products(sc_a, sp, v_src, ldv, cx_a, dp, s, rp, dp)
         for r in range(rows):
             at = (b * s + r0 + r) * hd + h * d
+            yr, cr, ir = y[at:at + d], cx[r * dp:r * dp + d], inv[r]
             if direct:
                 for e in range(d):
-                    y[at + e] = cx[r * dp + e] * inv[r] + bias[2 * hd + h * d + e]
+                    yr[e] = cr[e] * ir + bv[e]
             else:
                 for e in range(d):
-                    y[at + e] = cx[r * dp + e] * inv[r]
+                    yr[e] = cr[e] * ir
 
 
 def compute_attention_core(kernel, ctx):

@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
+from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.layernorm import layer_norm
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
@@ -181,8 +181,13 @@ def _residual_ln(decomposed: bool, skip_shape=(2, 5, 8), x_shape=(2, 5, 8)) -> o
     return model(nodes, {"x": list(x_shape), "skip": list(skip_shape)}, ["y"], consts, opset=opset)
 
 
+# The native kernel (custom_ops/native/ops/skip_layernorm.py: the Adds and the LayerNorm in one pass
+# over each row) ranks below the lowered forms statically; `ortfuse rank MODEL --pattern
+# skip_layernorm` puts it first on a machine where it measures faster in the whole model.
+NATIVE = (NativeKernel("FusedSkipLayerNorm"),)
+
 RULE = PatternRule(
-    id=ID, order=35, matcher=match, specs=(SPEC,), lowering=LOWERING,
+    id=ID, order=35, matcher=match, specs=(SPEC,), native=NATIVE, lowering=LOWERING,
     examples=(
         Example("torchscript_decomposed", lambda: _residual_ln(True)),
         Example("layernormalization_op", lambda: _residual_ln(False)),
