@@ -48,6 +48,8 @@ def winning(monkeypatch):
     """Every fusion, and every match fused as a whole, measured twice as fast as ORT."""
     monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (0.5, 1.0))
     monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS))
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: (0.5, 1.0, [0.5] * measuring.REPEATS,
+                                                                                   0.0))
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ session runs, checked and timed against stock ORT as a whole. When it wins, ever
 the kernel it gets and its constants' digest, and nothing is measured one by one; when it loses or
 its outputs differ, the matches are measured by class and alone as before, and the report says why.
 
-Verdicts are driven by stated timings (``measure._time_pair`` replaced), never by this machine's
+Verdicts are driven by stated timings (``measure._time_pair``, ``_time_with_control`` replaced), never by this machine's
 clock; outputs are compared with stock ORT at ORT_DISABLE_ALL within ``TOL``.
 """
 
@@ -30,11 +30,13 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(tune.ENV, raising=False)
 
 
-def _stated(monkeypatch, *pairs):
-    """``_time_pair`` returns these (fused ms, ORT ms[, each repeat's ratio]) in turn; without the
-    repeats, each repeat at the median's ratio."""
+def _stated(monkeypatch, *pairs, noise: float = 0.0):
+    """``_time_pair`` and the whole plan's ``_time_with_control`` return these (fused ms, ORT ms[, each
+    repeat's ratio]) in turn, the latter with the A/A control's ``noise``; without the repeats, each
+    repeat at the median's ratio."""
     calls = iter([(p[0], p[1], p[2] if len(p) > 2 else [p[0] / p[1]] * measuring.REPEATS) for p in pairs])
     monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: next(calls))
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: (*next(calls), noise))
 
 
 def _stock(model, feeds):
@@ -126,3 +128,33 @@ def test_a_median_win_lost_in_one_repeat_is_looked_at_once_more(monkeypatch, sec
     check = tuning.model_check if kept else tuning.whole_plan
     assert check["looks"] == 2 and check["passed"] is kept
     assert all(d.keep for d in tuning.decisions) is kept and len(tuning.decisions) == 2
+
+
+@pytest.mark.parametrize("noise, kept", [(0.01, True), (0.08, False)])
+def test_a_whole_plan_must_win_beyond_the_stock_sessions_noise(monkeypatch, noise, kept):
+    """0.95x stock ORT in every repeat is a win when two stock sessions agree within 1%, and no
+    evidence when they differ by 8%: looked at once more (0.95 again, as noisy), then the matches
+    are measured one by one (here: they lose)."""
+    monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
+    _stated(monkeypatch, (0.95, 1.0), (0.95, 1.0), noise=noise)
+    tuning = tune.tune(ffn_matmul_add_relu(), force=True)
+    check = tuning.model_check if kept else tuning.whole_plan
+    assert check["whole_plan"] and check["aa_noise"] == noise and check["passed"] is kept
+    assert check["looks"] == (1 if kept else 2)
+    assert all(d.keep for d in tuning.decisions) is kept and len(tuning.decisions) == 2
+    if not kept:
+        report = ortfuse.fuse(ffn_matmul_add_relu(), keep=tuning.keep_rule(ffn_matmul_add_relu()))[1]
+        tuning.annotate(report)
+        assert any("two stock sessions differed by up to 0.080" in n and "only at 0.92 or better" in n
+                   for n in report.notes), report.notes
+
+
+def test_the_control_is_a_second_stock_session_timed_in_the_same_rounds(monkeypatch):
+    """``_time_with_control``: ORT's time is the mean of the two stock sessions', the noise the
+    control's largest deviation from the first over the repeats (stated per-run times)."""
+    times = {"fused": 0.9, "ort": 1.0, "control": 1.1}
+    monkeypatch.setattr(measuring.yielding, "measure", lambda runners, runs, repeats, warmup: {
+        k: [[times[k]] * runs for _ in range(repeats)] for k in runners})
+    fused_ms, ort_ms, ratios, noise = measuring._time_with_control(lambda: None, lambda: None, lambda: None, 0.1)
+    assert fused_ms == pytest.approx(0.9) and ort_ms == pytest.approx(1.05)
+    assert ratios == pytest.approx([0.9 / 1.05] * measuring.REPEATS) and noise == pytest.approx(0.1)

@@ -5,40 +5,48 @@ requests, then auto beside stock ORT and ``fusion=True``, and served latency whi
 Usage::
 
     python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all] [--threads 2] [--gap 2x]
-                               [--served 30] [--wait 300] [--baseline-runs 60] [--runs 20] [--repeats 3]
-                               [--json benchmarks/results/]
+                               [--served 30] [--wait 300] [--block 8] [--passes 1] [--runs 20]
+                               [--repeats 3] [--json benchmarks/results/]
 
-One process per model (``--child``), CPU provider, ORT_ENABLE_ALL, ORT's pool threads not spinning
-(docs/ARCHITECTURE.md §8), a new empty ``ORTFUSE_CACHE_DIR`` (nothing known: the auto session starts
-on stock ORT, ``ORTFUSE_TUNE`` unset = background). The machine's ops library is named with
-``ORTFUSE_OPS_LIBRARY`` and numba's cache is the usual one, so the empty cache hides neither (as on a
-machine where ortfuse is installed and ran before).
+One process per model and pass (``--child``), CPU provider, ORT_ENABLE_ALL, ORT's pool threads not
+spinning (docs/ARCHITECTURE.md §8), a new empty ``ORTFUSE_CACHE_DIR`` (nothing known: the auto
+session starts on stock ORT, ``ORTFUSE_TUNE`` unset = background). The machine's ops library is
+named with ``ORTFUSE_OPS_LIBRARY`` and numba's cache is the usual one, so the empty cache hides
+neither (as on a machine where ortfuse is installed and ran before).
 
-Served traffic: single requests, one at a time, each followed by an idle gap before the next, as an
-online service that is not saturated sees them. ``--gap`` is milliseconds (``50ms``) or a multiple
-of stock ORT's p50 on the model (``2x``, the default: the server is busy about a third of the time).
-A saturated server leaves tuning no idle time; auto then stays on stock ORT and says so. The
-requests cycle through 8 seeded sample feeds of the model's own shapes (``ortfuse.models``).
+Served traffic: single requests, one at a time, each arriving an idle gap after the previous one
+ended, as an online service that is not saturated sees them. A request's latency runs from its
+arrival to its end: a serving thread that wakes late (a core taken) counts. ``--gap`` is
+milliseconds (``50ms``) or a multiple of stock ORT's p50 on the model (``2x``, the default: the
+server is busy about a third of the time). A saturated server leaves tuning no idle time; auto then
+stays on stock ORT and says so. The requests cycle through 8 seeded sample feeds of the model's own
+shapes (``ortfuse.models``).
 
 Phases:
-1. ``stock_served``: the stock session, ``--baseline-runs`` requests with the gap (p50, p99);
-2. the auto session is created (seconds) and served from a serving thread, with the gap; after
-   ``--served`` requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and
-   records what it returned and when; each request is labelled by the session's state when it
-   started (``recording``, ``tuning``, ``after``);
-3. ``stock_served_after``: the stock session again (the baseline's drift over the run);
-4. interleaved (``ortfuse.bench.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
-   ``--runs`` passes, no gap): stock, a second stock session (the A/A control), the tuned auto
-   session and a ``fusion=True`` session; each ratio is the median over repeats of p50 / stock p50.
+1. the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
+   turn: auto, stock, auto, a second stock session (the A/A control), ... While a stock block runs,
+   the live tuning is held as during one long served run (its process stopped, its timing in flight
+   discarded): stock is served with no tuning going on, in the same minutes, on the same machine
+   load, as the auto requests are served with tuning going on between them. After ``--served`` auto
+   requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and records what it
+   returned and when; each request is labelled by auto's state when it arrived (``recording``,
+   ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone;
+2. interleaved (``ortfuse.bench.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
+   ``--runs`` passes, no gap): stock, the A/A stock session, the tuned auto session and a
+   ``fusion=True`` session; each ratio is the median over repeats of p50 / stock p50.
 
 Verdicts: ``tuned`` (wait_tuned returned True); ``auto_vs_stock`` <= 1.02, and
 ``auto_vs_stock_within_aa``: <= 1.02 or within the A/A control's largest deviation from 1 (the
 run's noise floor; a session is another session even on the same plan); ``auto_vs_fusion_true``:
 where ``fusion=True`` is faster than stock beyond the A/A control's noise (its slowest repeat below
 the A/A's fastest), auto is within that noise of it (median ratio <= fusion=True's + the A/A's
-largest deviation from 1); ``p99_tuning`` <= 1.25 x the
-p99 of stock served with the same gap (before and after pooled). The JSON file (``--json``: a folder
-takes ``auto_bench-<models>-<date>.json``) holds the raw latencies, settings, statuses, the auto
+largest deviation from 1); ``p99_tuning``: the p99 of auto's requests served while it tuned <= 1.25 x
+the p99 of the stock blocks' requests served in the same span (both stock sessions pooled: as many
+requests as auto's), printed beside the A/A p99 ratio (second stock session over the first, each on
+half as many requests: a wider noise floor than the figure's). ``--passes N`` repeats the whole run
+in N fresh processes; the verdicts are then judged on the medians over passes, each pass's ratio
+and A/A shown. The JSON file (``--json``: a folder takes ``auto_bench-<models>-<date>.json``) holds
+the raw latencies, every served request (arrival, block, state, ms), settings, statuses, the auto
 report's notes and the environment.
 """
 
@@ -111,42 +119,62 @@ def child(name: str, args) -> dict:
         return (time.perf_counter() - start) * 1e3
 
     stock = ort.InferenceSession(path, options(), providers=cpu)
-    warm = [timed(stock, feeds[i % 8]) for i in range(5)]
+    stock_aa = ort.InferenceSession(path, options(), providers=cpu)
+    warm = [timed(s, feeds[i % 8]) for i in range(5) for s in (stock, stock_aa)]
     gap = _gap_s(args.gap, statistics.median(warm))
-    lat: dict[str, list[float]] = {}
-
-    def served_alone(label: str) -> None:
-        lat[label] = []
-        for i in range(args.baseline_runs):
-            lat[label].append(timed(stock, feeds[i % 8]))
-            time.sleep(gap)
-
-    served_alone("stock_served")
     t0 = time.perf_counter()
     auto = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
     created_s = time.perf_counter() - t0
+    live = getattr(auto, "_ortfuse_live", None)  # the live tuning: a stock block holds it, as a served run does
     statuses = [auto.fusion_status]
     stop = threading.Event()
     count = [0]
     reached = threading.Event()
+    lat: dict[str, list[float]] = {}
+    trace: list[tuple[float, str, str, float]] = []  # (start s, block, auto's state, ms)
+
+    def state() -> str:
+        status = auto.fusion_status
+        if status != statuses[-1]:
+            statuses.append(status)
+        return ("recording" if status.startswith("serving stock ORT, recording") else
+                "tuning" if status.startswith("tuning") else "after")
+
+    def serve_block(block: str) -> None:
+        session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
+        held = live if block != "auto" else None
+        if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
+            held.begin()
+        try:
+            for _ in range(args.block):
+                label = state()
+                arrival = next_arrival[0]  # the request arrived then: a late wake-up is part of its latency
+                time.sleep(max(0.0, arrival - time.perf_counter()))
+                session.run(None, feeds[count[0] % 8])
+                end = time.perf_counter()
+                ms = (end - arrival) * 1e3
+                lat.setdefault(f"{block}_{label}", []).append(ms)
+                trace.append((round(arrival - started, 4), block, label, round(ms, 3)))
+                count[0] += block == "auto"
+                next_arrival[0] = end + gap
+        finally:
+            if held is not None:
+                held.end()
 
     def serve() -> None:
+        cycle = 0
         while not stop.is_set():
-            status = auto.fusion_status
-            if status != statuses[-1]:
-                statuses.append(status)
-            label = ("auto_recording" if status.startswith("serving stock ORT, recording") else
-                     "auto_tuning" if status.startswith("tuning") else "auto_after")
-            lat.setdefault(label, []).append(timed(auto, feeds[count[0] % 8]))
-            count[0] += 1
+            serve_block("auto")
+            serve_block(("stock", "stock_aa")[cycle % 2])
+            cycle += 1
             if count[0] >= args.served:
                 reached.set()
                 if auto.wait_tuned(0) and count[0] >= args.served + args.after_served:
                     return
-            time.sleep(gap)
 
     server = threading.Thread(target=serve, name="served-traffic", daemon=True)
     started = time.perf_counter()
+    next_arrival = [started]
     server.start()
     reached.wait()
     waited_from = time.perf_counter()
@@ -156,9 +184,8 @@ def child(name: str, args) -> dict:
     stop.set()
     server.join(60)
     statuses.append(auto.fusion_status)
-    served_alone("stock_served_after")
 
-    sessions = {"stock": stock, "stock_aa": ort.InferenceSession(path, options(), providers=cpu), "auto": auto,
+    sessions = {"stock": stock, "stock_aa": stock_aa, "auto": auto,
                 "fusion_true": ortfuse.InferenceSession(path, options(), providers=cpu, fusion=True)}
     def runner(session):
         return lambda: session.run(None, feeds[0])
@@ -168,15 +195,18 @@ def child(name: str, args) -> dict:
     med = {k: statistics.median(v) for k, v in ratios.items()}
     noise = max(max(abs(x - 1) for x in ratios["stock_aa"]), 0.0)
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
-    stock_p99 = _pct(lat["stock_served"] + lat["stock_served_after"], 0.99)
+    stock_p99 = _pct(lat.get("stock_tuning", []) + lat.get("stock_aa_tuning", []), 0.99)
     tuning_p99 = _pct(lat.get("auto_tuning", []), 0.99)
-    verdicts = {
+    p99_ratio = tuning_p99 / stock_p99 if tuning_p99 and stock_p99 else None
+    aa_p99, first_p99 = _pct(lat.get("stock_aa_tuning", []), 0.99), _pct(lat.get("stock_tuning", []), 0.99)
+    aa_p99_ratio = aa_p99 / first_p99 if aa_p99 and first_p99 else None
+    verdicts: dict[str, bool | None] = {
         "tuned": tuned,
         "auto_vs_stock": med["auto"] <= AUTO_LIMIT,
         "auto_vs_stock_within_aa": med["auto"] <= max(AUTO_LIMIT, 1 + noise),
         "fusion_true_faster": true_faster,
         "auto_vs_fusion_true": (med["auto"] <= med["fusion_true"] + noise) if true_faster else None,
-        "p99_tuning": (tuning_p99 / stock_p99 <= P99_LIMIT) if tuning_p99 and stock_p99 else None,
+        "p99_tuning": (p99_ratio <= P99_LIMIT) if p99_ratio else None,
     }
     report = auto.fusion_report
     return {
@@ -185,10 +215,11 @@ def child(name: str, args) -> dict:
         "tuning_ended_after_s": round(tuned_at_s, 2) if tuned else None, "served_total": count[0],
         "statuses": statuses, "fused": len(report.fused), "matches": len(report.matches), "notes": report.notes,
         "summary": {k: _summary(v) for k, v in lat.items()},
-        "p99_tuning_over_stock": round(tuning_p99 / stock_p99, 3) if tuning_p99 and stock_p99 else None,
+        "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None,
+        "p99_aa": round(aa_p99_ratio, 3) if aa_p99_ratio else None, "block": args.block,
         "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
         "ratios": {k: round(v, 4) for k, v in med.items()}, "aa_noise": round(noise, 4),
-        "verdicts": verdicts, "latencies_ms": lat, "interleaved_ms": raw,
+        "verdicts": verdicts, "latencies_ms": lat, "served_trace": trace, "interleaved_ms": raw,
         "environment": env_before, "load_average_after": os.getloadavg(),
     }
 
@@ -216,15 +247,54 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']}: FAILED\n{r['error']}"
     v, q, s = r["verdicts"], r["ratios"], r["summary"]
-    tuning = s.get("auto_tuning", {})
+    tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", "stock_tuning", "stock_aa_tuning"))
     return (f"{r['model']}: created {r['created_s']:.2f} s; gap {r['gap_ms']:.1f} ms; wait_tuned({r['waited_s']:.0f} s "
             f"after {r['served_before_wait']} served) -> {r['wait_tuned']}; final: {r['statuses'][-1]}\n"
             f"  p50 / stock: auto {q['auto']:.3f}, fusion=True {q['fusion_true']:.3f}, A/A {q['stock_aa']:.3f} "
             f"(repeats {r['ratios_per_repeat']['stock_aa']})\n"
-            f"  served while tuning: n={tuning.get('n', 0)}, p99 {tuning.get('p99_ms') or 0:.2f} ms = "
-            f"{r['p99_tuning_over_stock']}x stock's p99 {s['stock_served']['p99_ms']:.2f} / "
-            f"{s['stock_served_after']['p99_ms']:.2f} ms (before / after)\n"
+            f"  served while tuning: auto n={tuning.get('n', 0)} p99 {tuning.get('p99_ms') or 0:.2f} ms; stock blocks "
+            f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
+            f"{aa.get('p99_ms') or 0:.2f} ms; "
+            f"auto / stock p99 {r['p99_tuning_over_stock']} (A/A {r['p99_aa']})\n"
             f"  verdicts: {v}")
+
+
+def pooled(name: str, passes: list[dict]) -> dict:
+    """The passes of one model together: medians of the p99 and p50 ratios over passes, each pass's
+    A/A beside them, and the verdicts on the medians."""
+    ok = [r for r in passes if "error" not in r]
+    if not ok:
+        return {"model": name, "passes": len(passes), "error": "every pass failed"}
+
+    def med(values: list) -> float | None:
+        values = [x for x in values if x is not None]
+        return round(statistics.median(values), 4) if values else None
+
+    p99 = med([r["p99_tuning_over_stock"] for r in ok])
+    auto = med([r["ratios"]["auto"] for r in ok])
+    verdicts: dict[str, bool | None] = {"tuned": all(r["verdicts"]["tuned"] is not False for r in ok)}
+    verdicts["p99_tuning"] = p99 <= P99_LIMIT if p99 is not None else None
+    verdicts["auto_vs_stock"] = auto <= AUTO_LIMIT if auto is not None else None
+    faster = [r for r in ok if r["verdicts"]["fusion_true_faster"]]
+    verdicts["auto_vs_fusion_true"] = (sum(bool(r["verdicts"]["auto_vs_fusion_true"]) for r in faster) * 2 > len(faster)
+                                       if faster else None)
+    return {"model": name, "passes": len(passes), "failed": len(passes) - len(ok),
+            "p99_tuning_over_stock": {"median": p99, "per_pass": [r["p99_tuning_over_stock"] for r in ok],
+                                      "aa_per_pass": [r["p99_aa"] for r in ok]},
+            "auto_over_stock_p50": {"median": auto, "per_pass": [r["ratios"]["auto"] for r in ok],
+                                    "aa_per_pass": [r["ratios"]["stock_aa"] for r in ok],
+                                    "fusion_true_per_pass": [r["ratios"]["fusion_true"] for r in ok]},
+            "verdicts": verdicts}
+
+
+def _pooled_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['model']}: {r['passes']} passes: {r['error']}"
+    p, q = r["p99_tuning_over_stock"], r["auto_over_stock_p50"]
+    return (f"{r['model']} over {r['passes'] - r['failed']} passes: p99 while tuning / stock {p['median']} "
+            f"(passes {p['per_pass']}; A/A {p['aa_per_pass']}); auto p50 / stock {q['median']} (passes "
+            f"{q['per_pass']}; A/A {q['aa_per_pass']}; fusion=True {q['fusion_true_per_pass']}); "
+            f"verdicts {r['verdicts']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--served", type=int, default=30, help="served requests before wait_tuned is called")
     ap.add_argument("--after-served", type=int, default=10, help="requests served after the tuning ended")
     ap.add_argument("--wait", type=float, default=300.0, help="wait_tuned's timeout (s)")
-    ap.add_argument("--baseline-runs", type=int, default=60, help="stock requests with the gap, before and after")
+    ap.add_argument("--block", type=int, default=8, help="served requests per block (auto, stock, auto, stock A/A...)")
+    ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
     ap.add_argument("--runs", type=int, default=20, help="interleaved passes per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
@@ -247,21 +318,29 @@ def main(argv: list[str] | None = None) -> int:
     from ortfuse.models import NAMES
 
     names = list(NAMES) if args.models == "all" else [m for m in args.models.split(",") if m]
-    results = []
+    results, pools = [], []
     for name in names:
-        try:
-            results.append(run_child(name, args))
-        except Exception as exc:  # a timeout or unreadable result: reported, the other models still run
-            results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-        print(_line(results[-1]), flush=True)
+        passes = []
+        for _ in range(args.passes):
+            try:
+                passes.append(run_child(name, args))
+            except Exception as exc:  # a timeout or unreadable result: reported, the other passes still run
+                passes.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            print(_line(passes[-1]), flush=True)
+        results += passes
+        if args.passes > 1:
+            pools.append(pooled(name, passes))
+            print(_pooled_line(pools[-1]), flush=True)
     if args.json:
         from ortfuse.bench.output import result_file
 
         target = Path(result_file(args.json, f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"))
-        target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results}, indent=1))
+        target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results,
+                                          "pooled": pools}, indent=1))
         print(f"wrote {target}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning")
-    ok = all("error" not in r and all(r["verdicts"][k] is not False for k in targets) for r in results)
+    judged = pools if pools else results
+    ok = all("error" not in r and all(r["verdicts"][k] is not False for k in targets) for r in judged)
     return 0 if ok else 1
 
 

@@ -9,15 +9,17 @@ model on this machine (``planning.Prepared.pending``):
   fused plan made (``planning.prepare`` with those decisions: the plan cache and the tuning cache are
   filled, so the next session on this machine starts fused) by a process of its own
   (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped),
-  opens a new ORT C session on the plan, checks its outputs against the serving session's on every
-  recorded feed, and swaps it in;
+  opens a new ORT C session on the plan (from a file, ``_as_path``: ORT parses bytes holding the
+  GIL), checks its outputs against the serving session's on every recorded feed, and swaps it in;
 - the swap replaces the session's C session under the lock that counts runs in flight: a run holds
   the C session it started on until it returns (a replaced one is released when no run is in flight,
   never on an ORT thread), later runs use the new one; no run fails or mixes plans;
 - an ``IOBinding`` made before the swap stays bound to the C session it was made on and keeps
   running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
   made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
-- tuning yields to serving: the tuning process is stopped (SIGSTOP) while a served run is in flight
+- tuning yields to serving: the tuning process runs at the lowest CPU priority (a served request that
+  wakes while it computes gets a core at once; ``kernel_compile.background_priority``), is stopped
+  (SIGSTOP) while a served run is in flight
   and keeps a timing only when no served run overlapped it (``yielding.ProcessYielder``): onnx and
   ORT hold the GIL through long C calls (parsing, shape inference, session creation), which a thread
   of this process would make served runs wait for. In this thread, a served run that starts aborts
@@ -317,7 +319,8 @@ class LiveTuning:
 
     def _starved_check(self) -> None:
         if self._over_wall():
-            raise yielding.Starved(f"served runs left too little idle time: {WALL_STOP * self._budget:g} s passed "
+            raise yielding.Starved(f"served runs (or the machine's other work) left too little idle time: "
+                                   f"{WALL_STOP * self._budget:g} s passed "
                                    f"({WALL_STOP:g} times ortfuse.tune_budget_s)")
 
     def _add_pause(self, seconds: float) -> None:
@@ -466,9 +469,9 @@ class LiveTuning:
         providers, provider_options = check_and_normalize_provider_args(
             names, [dict(given.get(n, {})) for n in names], C.get_available_providers())
         options = prepared.sess_options if prepared.sess_options is not None else C.get_default_session_options()
-        source = prepared.source
-        sess = C.InferenceSession(options, source, isinstance(source, str), session._read_config_from_model)
-        sess.initialize_session(providers, provider_options, self._disabled | prepared.disabled_optimizers)
+        with _as_path(prepared.source) as path:
+            sess = C.InferenceSession(options, path, True, session._read_config_from_model)
+            sess.initialize_session(providers, provider_options, self._disabled | prepared.disabled_optimizers)
         return sess
 
     def _check(self, serving, fused, names: list[str]) -> None:
@@ -556,6 +559,22 @@ def _fast_switching(on: bool) -> None:
             _switching["users"] -= 1
             if _switching["users"] == 0:
                 sys.setswitchinterval(_switching["saved"])
+
+
+@contextlib.contextmanager
+def _as_path(source: str | bytes):
+    """A file path ORT can load ``source`` from: the path itself, or the bytes written to a temporary
+    file (removed after). ORT parses a model handed over as bytes while holding the GIL, for tens
+    of milliseconds on a few-MB model, which served runs of this process would wait for; it reads a
+    path with the GIL released (``tools/swap_gil_probe.py`` measures both)."""
+    if isinstance(source, str):
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="ortfuse-swap-") as folder:
+        path = os.path.join(folder, "plan.onnx")
+        with open(path, "wb") as fh:
+            fh.write(source)
+        yield path
 
 
 def _signal(process, name: str) -> None:

@@ -5,6 +5,9 @@ Why a process: measuring parses the model, infers shapes, fuses it and opens doz
 onnx and ORT hold the GIL through those C calls (up to tens of milliseconds each), so a tuning
 thread delays the served runs of its own process however it yields. A child process holds no lock
 the server waits for, and a stopped process (SIGSTOP) takes no core: served runs get the machine.
+Between served runs it runs at the lowest CPU priority (``kernel_compile.background_priority``), so a
+request that arrives while it computes wakes the serving thread at once; on a machine busy with other
+work it then measures slowly, and may end on stock ORT (``yielding.Starved``, the wall-clock stop).
 
 Contract:
 - ``tune(source, sess_options, fusion, fusion_patterns, sample, budget_s, ...)`` runs
@@ -154,9 +157,10 @@ def _child(folder: str) -> Outcome:
 
 
 def main(argv: list[str]) -> int:
-    from ortfuse.tune.kernel_compile import die_with_parent
+    from ortfuse.tune.kernel_compile import background_priority, die_with_parent
 
     die_with_parent()
+    background_priority()
     outcome = _child(argv[0])
     Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))
     return 0

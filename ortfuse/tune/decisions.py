@@ -139,9 +139,10 @@ class Tuning:
         if w:
             report.notes.append(f"auto: every match fused did not win as a whole ({w['failure']})" if "failure" in w
                                 else f"auto: every match fused ran {w['ratio']:.3f}x stock ORT as a whole (repeats "
-                                f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; kept as a whole only at "
-                                f"{MODEL_LIMIT:.2f} or better and below 1 in every repeat); the matches were measured "
-                                "by class and alone")
+                                f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; two stock sessions differed by "
+                                f"up to {w.get('aa_noise', 0.0):.3f}; kept as a whole only at "
+                                f"{min(MODEL_LIMIT, 1 - w.get('aa_noise', 0.0)):.2f} or better and below 1 in every "
+                                "repeat); the matches were measured by class and alone")
         if self.ranked:
             report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
         if self.failure:

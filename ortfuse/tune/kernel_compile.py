@@ -104,12 +104,31 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def background_priority() -> str:
+    """Every thread of this process (and those it starts later, which inherit it) at the lowest CPU
+    priority the OS grants without privileges: Linux's ``SCHED_IDLE`` (a thread runs only on a core
+    no other thread wants, and any waking thread preempts it at once), else nice 19. A served
+    request that wakes while this process computes gets a core without waiting for a time slice.
+    Returns the policy set ("idle", "nice", or "" when neither could be)."""
+    tasks = [0]
+    with contextlib.suppress(OSError):
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    for policy, apply in (("idle", lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))),
+                          ("nice", lambda tid: os.setpriority(os.PRIO_PROCESS, tid, 19))):
+        try:
+            for tid in tasks:
+                apply(tid)
+        except (AttributeError, OSError):
+            continue
+        return policy
+    return ""
+
+
 def main(argv: list[str]) -> int:
     import onnx
 
     die_with_parent()
-    with contextlib.suppress(AttributeError, OSError):  # a process of its own: it holds no lock the server waits for
-        os.nice(19)  # between served runs, the serving thread's own work comes first
+    background_priority()  # a process of its own: it holds no lock the server waits for
     compile_here(onnx.load(argv[0]))
     return 0
 
