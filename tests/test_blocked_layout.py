@@ -107,7 +107,10 @@ needs_nchwc = pytest.mark.skipif(block_size() == 0, reason="ORT has no NCHWc ker
 
 @needs_nchwc
 @pytest.mark.parametrize("channels", [24, 20])  # 20: not a multiple of the block, ORT pads the channels
-def test_plan_layout_runs_the_se_scale_on_blocks_with_fewer_reorders(channels):
+def test_plan_layout_runs_the_se_scale_on_blocks_with_fewer_reorders(channels, monkeypatch):
+    """The whole SE as one op is left out (``ORTFUSE_SE_BLOCK=off``; tests/test_se_block.py): the
+    channel scale stays as its own blocked op."""
+    monkeypatch.setenv("ORTFUSE_SE_BLOCK", "off")
     model = se_model(channels)
     fused, report = fuse(model)
     layout, why_not = planner.plan_layout(model, fused, None, frozenset(native_op_types(fused)),

@@ -28,13 +28,15 @@ def _close(got, ref) -> float:
     return float(np.abs(got - ref).max()) / max(1.0, float(np.abs(ref).max()))
 
 
-def _session(block: int, act: str = "", alpha: float | None = None):
+def _session(block: int, act: str = "", alpha: float | None = None, residual: bool = False):
     attrs: dict = {"block": block, **({"activation": act} if act else {}), **({"alpha": alpha} if alpha else {})}
-    graph = helper.make_graph([helper.make_node(OP, ["x", "u", "b"], ["y"], domain=DOMAIN, **attrs)], "g",
-                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in "xub"],
+    names = "xubr" if residual else "xub"
+    op = winograd.OP_ADD if residual else OP
+    graph = helper.make_graph([helper.make_node(op, list(names), ["y"], domain=DOMAIN, **attrs)], "g",
+                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({OP}), python_ops=False)
+    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({op}), python_ops=False)
     assert not why_not
     so.intra_op_num_threads = 2
     return onnxruntime.InferenceSession(model.SerializeToString(), so)
@@ -75,6 +77,28 @@ def test_kernel_matches_the_float64_reference(block, n, cin, cout, h, w, act):
     elif act == "quick_gelu":
         ref = ref / (1 + np.exp(-1.702 * ref))
     assert _close(_unblock(y, block), ref) <= TOL
+
+
+@pytest.mark.parametrize("block, n, cin, cout, h, w", [SHAPES[0], SHAPES[2], SHAPES[5]])
+@pytest.mark.parametrize("act", ["relu", "quick_gelu"])
+def test_residual_is_added_after_the_epilogue(block, n, cin, cout, h, w, act):
+    """FusedWinogradConvAddBlocked: act(conv + B) + R, R blocked like Y."""
+    x, wt, b = _data(n, cin, cout, h, w, seed=cin + w)
+    r = np.random.default_rng(9).standard_normal((n, cout, h, w)).astype(np.float32)
+    alpha = 1.0 if act == "quick_gelu" else None
+    feeds = {"x": _block(x, block), "u": transform_filter(wt), "b": b, "r": _block(r, block)}
+    y = _session(block, act, alpha, residual=True).run(None, feeds)[0]
+    ref = reference(x, wt, b)
+    ref = np.maximum(ref, 0) if act == "relu" else ref / (1 + np.exp(-ref))
+    assert _close(_unblock(y, block), ref + r) <= TOL
+
+
+@pytest.mark.parametrize("r_shape", [(1, 16, 4, 5), (1, 8, 4, 4), (2, 16, 4, 4), (16, 4, 4)])
+def test_residual_of_another_shape_is_an_ort_error(r_shape):
+    feeds = {"x": np.ones((1, 16, 4, 4), np.float32), "u": np.ones((36, 16, 16), np.float32),
+             "b": np.ones(16, np.float32), "r": np.ones(r_shape, np.float32)}
+    with pytest.raises(InvalidArgument, match="R must have the shape of the output"):
+        _session(8, "relu", residual=True).run(None, feeds)
 
 
 def _stock(x, wt, b, act: str):
@@ -190,6 +214,64 @@ def test_layout_runs_3x3_convs_as_winograd_when_told(tmp_path, monkeypatch, mode
     assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
 
 
+def _residual_model(c: int = 32, size: int = 20) -> onnx.ModelProto:
+    """Conv 1x1 -> a; Conv 3x3 (a) + SiLU -> Add(., a) -> Conv 1x1: a bottleneck with its shortcut."""
+    rng = np.random.default_rng(8)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                       name)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
+             helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["m1"]),
+             helper.make_node("Add", ["m1", "a"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                         [1, 16, size, size])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, size, size])],
+                              [w("w0", c, 16, 1, 1), w("w1", c, c, 3, 3), w("b1", c), w("w2", 8, c, 1, 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_layout_folds_a_residual_add_after_the_epilogue(tmp_path, monkeypatch):
+    """ORTFUSE_WINOGRAD=on: the 3x3 conv, its SiLU and the shortcut Add become one
+    FusedWinogradConvAddBlocked; outputs as stock ORT_DISABLE_ALL."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    monkeypatch.setenv(winograd.ENV, "on")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    model = _residual_model()
+    x = np.random.default_rng(2).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    note = str(sess.fusion_report)
+    assert "1 with quick_gelu+add" in note and winograd.OP_ADD in note, note
+    assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
+
+
+def test_a_residual_not_faster_leaves_the_add_to_ort_and_keeps_the_conv(tmp_path, monkeypatch):
+    """A decider that refuses the conv with its Add but takes it alone: FusedWinogradConvBlocked,
+    the Add left in the graph; outputs as stock."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(winograd, "decider",
+                        lambda block, threads: lambda *a: asked.append(a[-1]) or not a[-1])
+    model = _residual_model()
+    x = np.random.default_rng(3).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    note = str(sess.fusion_report)
+    assert asked == [True, False] and "1 with quick_gelu" in note and winograd.OP_ADD not in note, (asked, note)
+    assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
+
+
 def test_spatial_dims_follow_blocked_convs_and_pools():
     """Dims by name where the original graph has them, through strided blocked convs otherwise."""
     nodes = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=winograd.NCHWC),
@@ -230,3 +312,28 @@ def test_the_planner_looks_at_3x3_stride_1_convs_only(monkeypatch):
     assert not winograd.may_replace(helper.make_node("Conv", ["x", "wx"], ["y"]), graph)
     monkeypatch.setenv(winograd.ENV, "off")
     assert not winograd.may_replace(helper.make_node("Conv", ["x", "w3"], ["y"], pads=[1, 1, 1, 1]), graph)
+
+
+@pytest.mark.slow
+def test_yolov8n_with_every_winograd_conv_native_matches_stock_ort(tmp_path, monkeypatch):
+    """The decision forced on for the Winograd convs only: the bottlenecks' conv + SiLU + shortcut
+    become FusedWinogradConvAddBlocked, and the outputs equal stock ORT_DISABLE_ALL's."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    from ortfuse import models
+    from ortfuse.layout import deconv, depthwise
+
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(winograd, "decider", lambda block, threads: lambda *a, **k: True)
+    monkeypatch.setattr(deconv, "decider", lambda block, threads: lambda *a: False)
+    monkeypatch.setattr(depthwise, "decider", lambda block, threads: lambda shape: False)
+    path = str(models.build("yolov8n"))
+    feeds = models.sample_inputs("yolov8n")
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(path, so).run(None, feeds)
+    sess = ortfuse.InferenceSession(path, fusion=True)
+    note = str(sess.fusion_report)
+    assert "with quick_gelu+add" in note and winograd.OP_ADD in note, note
+    for got, r in zip(sess.run(None, feeds), ref):
+        assert _close(got, r) <= TOL

@@ -11,10 +11,11 @@ RUNS = 9  # timed runs of each form, after one warm-up
 
 
 def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
-                  margin: float) -> bool:
+                  margin: float, stock_ops: frozenset = frozenset()) -> bool:
     """Whether ``native``'s median run time is below ``margin`` times ``stock``'s. Both models are
     loaded at ORT_DISABLE_ALL (they hold ORT's blocked ops already); ``feeds`` names each input's
-    shape (float32, seeded normal data). False when the native ops cannot be registered here."""
+    shape (float32, seeded normal data); ``stock_ops``: ortfuse's native ops the stock form holds
+    (registered on its session too). False when the native ops cannot be registered here."""
     import onnxruntime as ort
 
     from ortfuse.runtime.op_registration import with_custom_ops
@@ -24,9 +25,13 @@ def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dic
     so, why_not = with_custom_ops(measuring_options(level, threads=threads), native_ops, python_ops=False)
     if why_not:
         return False
+    stock_so = measuring_options(level, threads=threads)
+    if stock_ops:
+        stock_so, why_not = with_custom_ops(stock_so, stock_ops, python_ops=False)
+        if why_not:
+            return False
     cpu = ["CPUExecutionProvider"]
-    sessions = [ort.InferenceSession(stock, measuring_options(level, threads=threads), providers=cpu),
-                ort.InferenceSession(native, so, providers=cpu)]
+    sessions = [ort.InferenceSession(stock, stock_so, providers=cpu), ort.InferenceSession(native, so, providers=cpu)]
     rng = np.random.default_rng(1)
     feed = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in feeds.items()}
     times: list[list[float]] = [[], []]

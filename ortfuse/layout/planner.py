@@ -3,7 +3,8 @@ transformer blocking the convolutional regions), then the ops ORT left between r
 blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions of layout-agnostic
 ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize), then 3x3 convs as native
 Winograd kernels and stride-2 ConvTransposes read from blocks where they measure faster here
-(``winograd``, ``deconv``). The graph ORT writes is
+(``winograd``, ``deconv``), then squeeze-excite blocks as one native op (``se_block``) and depthwise
+convs as native kernels where they do (``depthwise``). The graph ORT writes is
 what the session loads; reloading it at any optimization level gives the same graph, and it holds
 for this machine only (the block size is this CPU's), as every plan does (the plan cache is keyed
 by the CPU).
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import onnx
 
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, deconv, regions, winograd
+from ortfuse.layout import blocked_scale, deconv, depthwise, regions, se_block, winograd
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -67,9 +68,10 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     shape = GraphIndex(original).shape  # dims from ONNX shape inference, as the matchers see them
     if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else
                regions.may_move(n) or n.op_type == "ConvTranspose" or winograd.may_replace(n, fused.graph)
+               or depthwise.may_replace(n, fused.graph)
                for n in fused.graph.node):
         return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
-                      "native elementwise op, Split, Concat, Resize, ConvTranspose) and no 3x3 conv for Winograd")
+                      "native elementwise op, Split, Concat, Resize, ConvTranspose) and no 3x3 or depthwise conv")
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         so.log_severity_level = 3
@@ -99,7 +101,18 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads))
     except Exception as exc:  # never worse than the plan without them
         up, failed = deconv.DeconvResult(), failed + f"; ConvTransposes left to ORT ({type(exc).__name__}: {exc})"
-    if not moved and not grown.regions and not wino.replaced and not up.replaced:
+    try:
+        se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads))
+    except Exception as exc:  # never worse than the plan without them
+        se, failed = se_block.SEResult(), failed + f"; squeeze-excite blocks left to ORT ({type(exc).__name__}: {exc})"
+    try:
+        dw = depthwise.run_depthwise(optimized.graph, winograd.spatial_dims(optimized.graph, shape), block,
+                                     depthwise.decider(block, threads))
+    except Exception as exc:  # never worse than the plan without them
+        dw = depthwise.DepthwiseResult()
+        failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"
+    if not moved and not grown.regions and not wino.replaced and not up.replaced and not se.replaced \
+            and not dw.replaced:
         return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT){failed}"
     extra_inputs = _prune_stray_inputs(optimized.graph, fused.graph)
     if extra_inputs:
@@ -109,11 +122,14 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     done += [grown.summary()] if grown.regions else []
     done += [wino.summary()] if wino.replaced else []
     done += [up.summary()] if up.replaced else []
-    left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(optimized.graph).items()))
+    done += [se.summary()] if se.summary() else []
+    done += [dw.summary()] if dw.summary() else []
+    left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(optimized.graph, block).items()))
     note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {before} -> {after}"
             + (f" (left where a region meets {left})" if left else "") + failed)
     native = (frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
-              | frozenset({winograd.OP} if wino.replaced else set()) | frozenset(up.ops()))
+              | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
+              | frozenset({depthwise.OP} if dw.replaced else set()))
     return Layout(optimized, native, note), ""
 
 

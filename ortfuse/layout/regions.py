@@ -73,9 +73,11 @@ def _is_plain_reorder(node: onnx.NodeProto, op_type: str) -> bool:
     return node.op_type == op_type and node.domain == NCHWC and not attr(node, "channels_last", 0)
 
 
-def reorders_left(graph: onnx.GraphProto) -> collections.Counter:
+def reorders_left(graph: onnx.GraphProto, block: int = 0) -> collections.Counter:
     """The plain op on the other side of each reorder left (its op type; 'graph input/output'): where
-    a region meets an op nothing runs blocked."""
+    a region meets an op nothing runs blocked. With ``block``, a ReorderOutput of a channel count off
+    the block names it ("Op (20 channels, not a multiple of the block 8)"): ORT pads such tensors, and
+    the ops that run blocked here need every channel real."""
     producer = {o: n for n in graph.node for o in n.output}
     consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
@@ -86,8 +88,10 @@ def reorders_left(graph: onnx.GraphProto) -> collections.Counter:
             left[p.op_type if p is not None else "graph input"] += 1
         elif _is_plain_reorder(n, "ReorderOutput"):
             users = consumers[n.output[0]]
+            c = int(attr(n, "channels", 0) or 0)
+            why = f" ({c} channels, not a multiple of the block {block})" if block and c % block else ""
             for u in sorted({u.op_type for u in users}) or []:
-                left[u] += 1
+                left[u + why] += 1
             if n.output[0] in outputs:
                 left["graph output"] += 1
     return left

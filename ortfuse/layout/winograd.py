@@ -9,10 +9,17 @@ of Conv -> Sigmoid -> Mul, kept on blocks by ``regions``) is folded into it as t
     # Conv_nchwc(Xb, Wb, B; activation) [-> QuickGelu(alpha)] -> Yb
     #   ->   FusedWinogradConvBlocked(Xb, U, B; block, activation, alpha) -> Yb
 
+and an ``Add`` that alone reads the result (after the Relu or QuickGelu: a residual ORT cannot fold as
+its Conv's Sum, which comes before the activation) is folded in after the epilogue; ORT runs that
+Add on blocks only when its other input is blocked with the same shape:
+
+    # Conv_nchwc(Xb, Wb, B; activation) [-> QuickGelu(alpha)] -> Add(., Rb) -> Yb
+    #   ->   FusedWinogradConvAddBlocked(Xb, U, B, Rb; block, activation, alpha) -> Yb
+
 U (the filter in the Winograd domain) is made here once from ORT's blocked filter, whose memory is
 [Cout/b, Cin/b, 3, 3, b (input channel), b (output channel)].
 
-Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue): both are timed in
+Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue, residual): both are timed in
 a one-conv model between reorders (``measure.native_faster``), at the session's thread count, and
 the native form is taken only when its median is below ``MARGIN`` times ORT's (results kept per
 process; the plan that holds them is cached per CPU).
@@ -40,6 +47,7 @@ from ortfuse.layout import measure
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedWinogradConvBlocked"
+OP_ADD = "FusedWinogradConvAddBlocked"
 ENV = "ORTFUSE_WINOGRAD"
 MARGIN = 0.9  # the native form must take below this share of ORT's time
 QUICK_GELU_ALPHA = 1.702  # the contrib op's default alpha
@@ -50,11 +58,16 @@ class WinogradResult:
     replaced: collections.Counter = field(default_factory=collections.Counter)  # epilogue -> count
     kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
 
+    def ops(self) -> set:
+        """The native op types the replacements use."""
+        return {OP_ADD if act.endswith("+add") else OP for act in self.replaced}
+
     def summary(self) -> str:
         if not self.replaced:
             return ""
         parts = ", ".join(f"{n} with {act or 'no epilogue'}" for act, n in sorted(self.replaced.items()))
-        return f"{sum(self.replaced.values())} 3x3 conv(s) as Winograd F(4x4,3x3) ({OP}: {parts})" + (
+        ops = ", ".join(sorted(self.ops()))
+        return f"{sum(self.replaced.values())} 3x3 conv(s) as Winograd F(4x4,3x3) ({ops}: {parts})" + (
             f"; {self.kept} left to ORT" if self.kept else "")
 
 
@@ -152,10 +165,24 @@ def spatial_dims(graph: onnx.GraphProto, shape: Callable[[str], list | None]) ->
     return hw
 
 
+def _residual(out: str, consumers: dict, outputs: set, inits: dict, hw: dict) -> onnx.NodeProto | None:
+    """The ONNX Add that alone reads ``out`` and adds a run-time tensor of the same (H, W) to it."""
+    users = consumers[out]
+    if len(users) != 1 or out in outputs or users[0].op_type != "Add" or users[0].domain not in ("", "ai.onnx"):
+        return None
+    add = users[0]
+    if len(add.input) != 2 or add.input[0] == add.input[1]:
+        return None
+    other = add.input[1] if add.input[0] == out else add.input[0]
+    if other in inits or hw.get(other) is None or hw.get(other) != hw.get(out):
+        return None
+    return add
+
+
 def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int,
-                 decide: Callable[[int, int, int, int, str, float], bool]) -> WinogradResult:
-    """Replace, in place, every candidate conv that ``decide(cin, cout, h, w, activation, alpha)``
-    accepts; returns what was done."""
+                 decide: Callable[..., bool]) -> WinogradResult:
+    """Replace, in place, every candidate conv that ``decide(cin, cout, h, w, activation, alpha,
+    residual)`` accepts; returns what was done."""
     result = WinogradResult()
     if block not in (8, 16) or mode() == "off":
         return result
@@ -181,8 +208,11 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
                 and users[0].domain == "com.microsoft":
             fold = users[0]
             act, alpha, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), fold.output[0]
+        add = _residual(out, consumers, outputs, inits, hw) if act else None
         cout, cin = w.shape[:2]
-        if dims is None or not decide(cin, cout, dims[0], dims[1], act, alpha):
+        if dims is not None and add is not None and not decide(cin, cout, dims[0], dims[1], act, alpha, True):
+            add = None  # the conv alone may still measure faster, the Add left to ORT
+        if dims is None or (add is None and not decide(cin, cout, dims[0], dims[1], act, alpha, False)):
             result.kept += 1
             continue
         base = node.name or node.output[0]
@@ -198,13 +228,18 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
             attrs["activation"] = act
         if act == "quick_gelu":
             attrs["alpha"] = alpha
-        new = helper.make_node(OP, [node.input[0], u.name, bias], [out], name=f"{base}/winograd", domain=DOMAIN,
-                               **attrs)
+        inputs = [node.input[0], u.name, bias]
+        if add is not None:
+            inputs.append(add.input[1] if add.input[0] == out else add.input[0])
+            out = add.output[0]
+            dropped.add(id(add))
+        new = helper.make_node(OP_ADD if add is not None else OP, inputs, [out], name=f"{base}/winograd",
+                               domain=DOMAIN, **attrs)
         new.doc_string = f"ortfuse layout: {base} as Winograd F(4x4,3x3) on NCHWc blocks"
         replace[id(node)] = new
         if fold is not None:
             dropped.add(id(fold))
-        result.replaced[act] += 1
+        result.replaced[act + ("+add" if add is not None else "")] += 1
     if replace:
         nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
         del graph.node[:]
@@ -216,46 +251,56 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
     return result
 
 
-def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alpha: float) -> tuple[bytes, bytes]:
-    """One conv between reorders, as ORT's blocked Conv (+QuickGelu) and as the native op."""
+def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alpha: float,
+                 residual: bool = False) -> tuple[bytes, bytes]:
+    """One conv between reorders, as ORT's blocked Conv (+QuickGelu) (+Add of a second blocked input)
+    and as the native op."""
     rng = np.random.default_rng(0)
     wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
     wb = np.ascontiguousarray(wt.reshape(cout // block, block, cin // block, block, 3, 3).transpose(0, 2, 4, 5, 3, 1))
     inits = [numpy_helper.from_array(wb.reshape(cout, cin, 3, 3), "wb"),
              numpy_helper.from_array(transform_filter(wt), "u"),
              numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
-    io = ([helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, cin, h, w])],
-          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, cout, h, w])])
+    ins = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, cin, h, w])]
+    ins += [helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, cout, h, w])] if residual else []
+    io = (ins, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, cout, h, w])])
     conv_attrs: dict[str, Any] = {"pads": [1, 1, 1, 1], **({"activation": "Relu"} if act == "relu" else {})}
-    ort_nodes = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC),
-                 helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC, **conv_attrs)]
+    first = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC)]
+    first += [helper.make_node("ReorderInput", ["r"], ["rb"], domain=NCHWC)] if residual else []
+    ort_nodes = [*first, helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC, **conv_attrs)]
     if act == "quick_gelu":
-        ort_nodes.append(helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=alpha))
-    else:
-        ort_nodes[-1].output[0] = "yb"
-    ort_nodes.append(helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=cout))
+        ort_nodes.append(helper.make_node("QuickGelu", ["cb"], ["qb"], domain="com.microsoft", alpha=alpha))
+    if residual:
+        ort_nodes.append(helper.make_node("Add", [ort_nodes[-1].output[0], "rb"], ["ab"]))
+    ort_nodes[-1].output[0] = "yb"
+    last = helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=cout)
     attrs: dict[str, Any] = {"block": block, **({"activation": act} if act else {}),
                              **({"alpha": alpha} if act == "quick_gelu" else {})}
-    nat_nodes = [ort_nodes[0], helper.make_node(OP, ["xb", "u", "b"], ["yb"], domain=DOMAIN, **attrs), ort_nodes[-1]]
+    nat_nodes = [*first, helper.make_node(OP_ADD if residual else OP, ["xb", "u", "b"] + (["rb"] if residual else []),
+                                          ["yb"], domain=DOMAIN, **attrs)]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
               helper.make_opsetid("com.microsoft", 1)]
     out = []
     for nodes, used in ((ort_nodes, {"wb", "b"}), (nat_nodes, {"u", "b"})):
-        graph = helper.make_graph(nodes, "winograd_probe", *io, [t for t in inits if t.name in used])
+        graph = helper.make_graph([*nodes, last], "winograd_probe", *io, [t for t in inits if t.name in used])
         out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
     return out[0], out[1]
 
 
 @functools.lru_cache(maxsize=256)
-def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int) -> bool:
+def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int,
+                    residual: bool = False) -> bool:
     """Whether the native form's median time is below MARGIN times ORT's on this machine, for one
-    conv of this shape between reorders (``measure.native_faster``)."""
-    stock, native = _pair_models(cin, cout, h, w, block, act, alpha)
-    return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, cin, h, w)}, threads, MARGIN)
+    conv of this shape (with its residual Add) between reorders (``measure.native_faster``)."""
+    stock, native = _pair_models(cin, cout, h, w, block, act, alpha, residual)
+    feeds = {"x": (1, cin, h, w), **({"r": (1, cout, h, w)} if residual else {})}
+    return measure.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN)
 
 
-def decider(block: int, threads: int) -> Callable[[int, int, int, int, str, float], bool]:
-    """The ``decide`` of ``run_winograd`` for this process's mode (module docstring)."""
+def decider(block: int, threads: int) -> Callable[..., bool]:
+    """The ``decide(cin, cout, h, w, activation, alpha, residual=False)`` of ``run_winograd`` for this
+    process's mode (module docstring)."""
     if mode() == "on":
         return lambda *shape: True
-    return lambda cin, cout, h, w, act, alpha: measured_faster(cin, cout, h, w, act, alpha, block, threads)
+    return lambda cin, cout, h, w, act, alpha, residual=False: measured_faster(cin, cout, h, w, act, alpha, block,
+                                                                              threads, residual)

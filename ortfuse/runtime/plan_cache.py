@@ -5,7 +5,8 @@ Key: the model's identity (a path's resolved name, size and mtime; sha256 of byt
 request (fusion, patterns, kernels), what the plan depends on in the session options (optimization
 level, intra-op threads, ``ortfuse.tune_dims``, ``ortfuse.precision``), the environment
 (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``, ``ORTFUSE_PRECISION``, ``ORTFUSE_LAYOUT``,
-``ORTFUSE_WINOGRAD``, numba's target ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``), this CPU, the
+``ORTFUSE_WINOGRAD``, ``ORTFUSE_SE_BLOCK``, ``ORTFUSE_DEPTHWISE``, numba's target ``NUMBA_CPU_NAME`` /
+``NUMBA_CPU_FEATURES``), this CPU, the
 onnxruntime / extensions / numba versions, the kernel ranking measured on this machine
 (``ortfuse.kernels.ranking``), and a digest of ortfuse's own source files (a changed rewriter never
 serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
@@ -38,7 +39,7 @@ MAX_BYTES = 2 * 2**30
 # a cache hit imports no kernel, rewrite or onnx code
 # NUMBA_CPU_*: the instruction set numba compiles the native kernels for, named in the report's labels
 _ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION", "ORTFUSE_LAYOUT", "ORTFUSE_WINOGRAD",
-             "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
+             "ORTFUSE_SE_BLOCK", "ORTFUSE_DEPTHWISE", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
 
 

@@ -1,6 +1,7 @@
 """``FusedWinogradConvBlocked``: a 3x3, stride-1, pads-1 convolution (group 1, no dilation) with its
 bias and an elementwise epilogue, on tensors in ORT's NCHWc blocked layout, computed as Winograd
-F(4x4, 3x3) (``custom_ops/kernels/winograd.py``; docs/ARCHITECTURE.md §9).
+F(4x4, 3x3) (``custom_ops/kernels/winograd.py``; docs/ARCHITECTURE.md §9); and
+``FusedWinogradConvAddBlocked``, the same with a residual R added after the epilogue.
 
 Inputs, float32: X of logical shape [N, Cin, H, W] whose memory is [N, Cin / block, H, W, block]
 (as ORT's blocked ops hold it); U [36, Cin, Cout], the filter in the Winograd domain
@@ -9,7 +10,8 @@ Inputs, float32: X of logical shape [N, Cin, H, W] whose memory is [N, Cin / blo
 ``relu``; ``quick_gelu``: v * sigmoid(alpha * v)), ``alpha`` (default 1). Output Y [N, Cout, H, W],
 blocked like X:
 
-    Y = act(conv3x3(X, w, pads 1) + B)
+    Y = act(conv3x3(X, w, pads 1) + B)              (FusedWinogradConvBlocked)
+    Y = act(conv3x3(X, w, pads 1) + B) + R          (FusedWinogradConvAddBlocked; R blocked like Y)
 
 Any other rank, shape or block is an ORT error status naming what was expected.
 
@@ -39,6 +41,7 @@ from ortfuse.custom_ops.native.threads import run_blocks
 from ortfuse.custom_ops.vecmath import sigmoid_f32
 
 OP = "FusedWinogradConvBlocked"
+OP_ADD = "FusedWinogradConvAddBlocked"
 ACTIVATIONS = ("relu", "quick_gelu")
 ACT_NONE, ACT_RELU, ACT_QUICK_GELU = 0, 1, 2
 WA_BLOCK, WA_ALPHA, WA_ACT = 0, 1, 2  # attribute words (activation: count, index)
@@ -49,13 +52,14 @@ SCRATCH_FLOATS = 48 * 1024  # transformed input per block: 192 KB, within a core
 MAX_TILES = 32
 # args block (int64 words)
 (WG_SLOT, WG_X, WG_U, WG_B, WG_Y, WG_N, WG_CIN, WG_COUT, WG_H, WG_W, WG_LANES, WG_TB, WG_PER_IMAGE, WG_GRID, WG_ACT,
- WG_ALPHA, WG_FAILED, WG_SPLIT, WG_CHUNK) = range(19)
-ARGS_BYTES = 8 * 19
+ WG_ALPHA, WG_FAILED, WG_SPLIT, WG_CHUNK, WG_R) = range(20)
+ARGS_BYTES = 8 * 20
 MIN_BLOCKS = 16  # blocks of tiles wanted per image: smaller blocks down to ROWS tiles
 MIN_SPLIT_BLOCKS = 4  # below this many blocks of tiles, output channels are split too (inputs transformed again)
 
 _T_SHAPES = cstr("X must have rank 4, U the shape [36, Cin, Cout] with Cin = X's channels, and B the shape [Cout]")
 _T_BLOCK = cstr("the attribute block must be 8 or 16 and divide both channel counts")
+_T_RESIDUAL = cstr("R must have the shape of the output [N, Cout, H, W]")
 _T_MEMORY = cstr("could not allocate the scratch buffer of a block of tiles")
 
 
@@ -111,10 +115,11 @@ def _epilogue(row, act, alpha):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, alpha, scratch, tbp):
+def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, alpha, scratch, tbp, ra):
     """Output tiles t0..t1 of one image (row-major over its tile grid; xa, ya: that image's X and
     Y), output channels co0..co1 (multiples of lanes). ``scratch``: scratch_floats(tbp, ...) floats
-    for the transformed inputs, the products and one padded patch."""
+    for the transformed inputs, the products and one padded patch. ``ra``: that image's residual,
+    added after the epilogue (0: none)."""
     nt = t1 - t0
     ntp = (nt + ROWS - 1) // ROWS * ROWS
     ntx = (wd + TILE - 1) // TILE
@@ -188,10 +193,15 @@ def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, a
                             at = plane + yy * rs + xx * lanes
                             for k in range(lanes):
                                 y[at + k] = d[(i * TILE + j) * lanes + k]
-            if act != ACT_NONE:  # the tile's rows while they are in cache
+            if act != ACT_NONE or ra != 0:  # the tile's rows while they are in cache
+                r = f32_view(ra, cout * h * wd)
                 for i in range(min(TILE, h - oy0)):
                     at = plane + (oy0 + i) * rs + ox0 * lanes
-                    _epilogue(y[at:at + min(TILE, wd - ox0) * lanes], act, alpha)
+                    span = min(TILE, wd - ox0) * lanes
+                    _epilogue(y[at:at + span], act, alpha)
+                    if ra != 0:
+                        for j in range(at, at + span):
+                            y[j] += r[j]
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -210,10 +220,12 @@ def tiles_per_block(cin, tiles):
     return max(ROWS, min(tb, share))
 
 
-def compute_winograd_conv(kernel, ctx):
-    """Check X [N, Cin, H, W], U [36, Cin, Cout], B [Cout], the block; allocate Y; run the blocks."""
+@njit(cache=True)
+def _compute(kernel, ctx, residual):
+    """Check X [N, Cin, H, W], U [36, Cin, Cout], B [Cout], the block (and R [N, Cout, H, W] with
+    ``residual``); allocate Y; run the blocks."""
     api = slot_api(kernel)
-    st = check_input_count(api, ctx, kernel, 3)
+    st = check_input_count(api, ctx, kernel, 4 if residual else 3)
     if st != 0:
         return st
     dx = stack_bytes(DIMS_BYTES)
@@ -241,6 +253,15 @@ def compute_winograd_conv(kernel, ctx):
     if (lanes != 8 and lanes != 16) or cin % lanes != 0 or cout % lanes != 0 or cin == 0 or cout == 0:
         return fail(api, kernel, _T_BLOCK)
     store_i64(dx + 8, cout)
+    pr = 0
+    if residual:
+        dr = stack_bytes(DIMS_BYTES)
+        st, pr, rr = read_float_input(api, ctx, kernel, 3, dr)
+        if st != 0:
+            return st
+        if rr != 4 or load_i64(dr) != n or load_i64(dr + 8) != cout or load_i64(dr + 16) != h \
+                or load_i64(dr + 24) != wd:
+            return fail(api, kernel, _T_RESIDUAL)
     st, py = make_output(api, ctx, 0, dx, 4)
     if st != 0 or n * h * wd == 0:
         return st
@@ -257,7 +278,7 @@ def compute_winograd_conv(kernel, ctx):
     for word, value in ((WG_SLOT, kernel), (WG_X, px), (WG_U, pu), (WG_B, pb), (WG_Y, py), (WG_N, n),
                         (WG_CIN, cin), (WG_COUT, cout), (WG_H, h), (WG_W, wd), (WG_LANES, lanes), (WG_TB, tb),
                         (WG_PER_IMAGE, per_image), (WG_GRID, grid), (WG_ACT, act), (WG_SPLIT, split),
-                        (WG_CHUNK, chunk)):
+                        (WG_CHUNK, chunk), (WG_R, pr)):
         store_i64(args + 8 * word, value)
     store_f64(args + 8 * WG_ALPHA, np.float64(slot_f32(kernel, WA_ALPHA)))
     # cost in elementwise-equivalent units: multiply-adds of the Winograd products / 16
@@ -265,6 +286,16 @@ def compute_winograd_conv(kernel, ctx):
     if st == 0 and load_i64(args + 8 * WG_FAILED) != 0:
         return fail(api, kernel, _T_MEMORY)
     return st
+
+
+def compute_winograd_conv(kernel, ctx):
+    """FusedWinogradConvBlocked: X, U, B."""
+    return _compute(kernel, ctx, False)
+
+
+def compute_winograd_conv_add(kernel, ctx):
+    """FusedWinogradConvAddBlocked: X, U, B, R."""
+    return _compute(kernel, ctx, True)
 
 
 def _winograd_worker(args, block):
@@ -287,10 +318,13 @@ def _winograd_worker(args, block):
     if scratch == 0:
         store_i64(args + 8 * WG_FAILED, 1)
         return
+    ra = load_i64(args + 8 * WG_R)
     conv_tiles(load_i64(args + 8 * WG_X) + 4 * image * cin * h * wd, load_i64(args + 8 * WG_U),
                load_i64(args + 8 * WG_B), load_i64(args + 8 * WG_Y) + 4 * image * cout * h * wd, h, wd, cin, cout,
-               t0, min(grid, t0 + tb), co0, co1, lanes, load_i64(args + 8 * WG_ACT), alpha, scratch, tb)
+               t0, min(grid, t0 + tb), co0, co1, lanes, load_i64(args + 8 * WG_ACT), alpha, scratch, tb,
+               ra + 4 * image * cout * h * wd if ra != 0 else 0)
     c_free(scratch)
 
 
-NATIVE_OPS = (NativeOpDef(OP, ("X", "U", "B"), compute_winograd_conv, _winograd_worker, attrs=ATTRS),)
+NATIVE_OPS = (NativeOpDef(OP, ("X", "U", "B"), compute_winograd_conv, _winograd_worker, attrs=ATTRS),
+              NativeOpDef(OP_ADD, ("X", "U", "B", "R"), compute_winograd_conv_add, _winograd_worker, attrs=ATTRS))

@@ -1,0 +1,258 @@
+"""Depthwise convolutions in blocked regions: ORT's NCHWc depthwise Convs replaced by ortfuse's
+``FusedDepthwiseConvBlocked`` where it measures faster on this machine (docs/ARCHITECTURE.md §9).
+
+In the graph ORT optimized, a ``com.microsoft.nchwc:Conv`` with group = C, a float32 [C, 1, K, K]
+filter initializer (K 3 or 5), C a multiple of the block, no dilation, horizontal stride 1 or 2,
+pads below K, no fused Sum input, and no activation or one of Relu, Clip, HardSigmoid, HardSwish,
+Sigmoid (ORT's ``activation`` and ``activation_params``) is a candidate; a ``QuickGelu`` that alone
+reads the output of one without activation (ORT's form of Conv -> Sigmoid -> Mul, SiLU, which its
+blocked Conv cannot fold) is folded into it as the epilogue:
+
+    # Conv_nchwc(Xb, Fb, B; group=C, activation) [-> QuickGelu(alpha)] -> Yb
+    #   ->   FusedDepthwiseConvBlocked(Xb, Fb, B; block, strides, pads, activation, alpha, beta) -> Yb
+
+ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K, K, b],
+``depthwise_ref.pack_filter``): the node reads the same initializer.
+
+Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue) as for
+``winograd``: both timed in a one-conv model between reorders (``measure.native_faster``) at the
+session's thread count, the native form taken only when its median is below ``winograd.MARGIN``
+times ORT's (results kept per process; the plan that holds them is cached per CPU).
+``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
+native convolutions (``ORTFUSE_WINOGRAD``, default measure). A conv whose input dims are unknown is
+left to ORT.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.layout import measure, winograd
+from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
+
+OP = "FusedDepthwiseConvBlocked"
+ENV = "ORTFUSE_DEPTHWISE"
+KERNELS = (3, 5)
+HARD_SWISH = (1.0 / 6.0, 0.5)  # ONNX HardSwish: v * clip(v / 6 + 1/2, 0, 1)
+# ORT's activation -> (the op's activation, default alpha, default beta); params override the defaults
+_ACTIVATIONS = {"Relu": ("relu", 1.0, 0.0), "Clip": ("clip", float("-inf"), float("inf")),
+                "HardSigmoid": ("hard_sigmoid", 0.2, 0.5), "HardSwish": ("hard_swish", *HARD_SWISH),
+                "Sigmoid": ("sigmoid", 1.0, 0.0)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the decision depends on: one depthwise conv and its epilogue."""
+
+    c: int
+    h: int
+    w: int
+    k: int
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    act: str = ""
+    alpha: float = 1.0
+    beta: float = 0.0
+
+
+@dataclass
+class DepthwiseResult:
+    replaced: collections.Counter = field(default_factory=collections.Counter)  # epilogue -> count
+    kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
+
+    def summary(self) -> str:
+        if not self.replaced and not self.kept:
+            return ""
+        parts = ", ".join(f"{n} with {act or 'no epilogue'}" for act, n in sorted(self.replaced.items()))
+        done = sum(self.replaced.values())
+        return (f"{done} of {done + self.kept} depthwise conv(s) native ({OP}{': ' + parts if parts else ''}), "
+                f"{self.kept} left to ORT's (not faster here, or dims unknown)")
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "").strip().lower()
+    if not value:
+        return winograd.mode()
+    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+
+
+def _activation(node: onnx.NodeProto) -> tuple[str, float, float] | None:
+    """(activation, alpha, beta) of the op for an NCHWc Conv's fused activation, None if it has none
+    the op runs."""
+    name = attr(node, "activation")
+    if name is None:
+        return "", 1.0, 0.0
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    if name not in _ACTIVATIONS:
+        return None
+    act, alpha, beta = _ACTIVATIONS[name]
+    params = [float(v) for v in attr(node, "activation_params", []) or []]
+    if act in ("clip", "hard_sigmoid") and len(params) == 2:
+        alpha, beta = params
+    return act, alpha, beta
+
+
+def _candidate(node: onnx.NodeProto, inits: dict, block: int) -> tuple[int, list, list, tuple] | None:
+    """(K, strides, pads, activation) of an NCHWc depthwise Conv the native kernel can run, else None."""
+    if node.op_type != "Conv" or node.domain != NCHWC or len(node.input) < 2:
+        return None
+    if len(node.input) > 3 and node.input[3]:  # a fused Sum
+        return None
+    if node.input[1] not in inits or (len(node.input) > 2 and node.input[2] and node.input[2] not in inits):
+        return None
+    if list(attr(node, "dilations", [1, 1])) != [1, 1] or attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET",
+                                                                                                  "NOTSET"):
+        return None
+    t = inits[node.input[1]]
+    dims = list(t.dims)
+    if t.data_type != onnx.TensorProto.FLOAT or len(dims) != 4 or dims[1] != 1 or dims[2] != dims[3]:
+        return None
+    c, k = dims[0], dims[2]
+    if attr(node, "group", 1) != c or k not in KERNELS or c % block:
+        return None
+    strides = [int(v) for v in attr(node, "strides", [1, 1])]
+    pads = [int(v) for v in attr(node, "pads", [0, 0, 0, 0])]
+    if len(strides) != 2 or strides[0] < 1 or strides[1] not in (1, 2) or len(pads) != 4:
+        return None
+    if not all(0 <= p < k for p in pads):
+        return None
+    act = _activation(node)
+    return (k, strides, pads, act) if act is not None else None
+
+
+def may_replace(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
+    """Whether ``node`` (in the fused model, before ORT optimizes it) is a Conv that may become a
+    candidate: a depthwise [C, 1, K, K] filter initializer with K 3 or 5, group C, and the mode is not
+    off. A cheap test that spares models with none of them an extra optimization by ORT."""
+    if node.op_type not in ("Conv", "FusedConv") or len(node.input) < 2 or mode() == "off":
+        return False
+    dims = next((list(t.dims) for t in graph.initializer if t.name == node.input[1]), None)
+    return (dims is not None and len(dims) == 4 and dims[1] == 1 and dims[2] == dims[3] and dims[2] in KERNELS
+            and attr(node, "group", 1) == dims[0] > 1)
+
+
+def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: int,
+                  decide: Callable[[Shape], bool]) -> DepthwiseResult:
+    """Replace, in place, every candidate that ``decide(shape)`` accepts; ``hw``: the (H, W) of
+    tensors (``winograd.spatial_dims``). Returns what was done."""
+    result = DepthwiseResult()
+    if block not in (8, 16) or mode() == "off":
+        return result
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            consumers[t].append(n)
+    outputs = {o.name for o in graph.output}
+    replace: dict[int, onnx.NodeProto] = {}
+    dropped: set[int] = set()
+    new_inits: list[onnx.TensorProto] = []
+    for node in list(graph.node):
+        found = _candidate(node, inits, block)
+        if found is None:
+            continue
+        k, strides, pads, (act, alpha, beta) = found
+        out, fold = node.output[0], None
+        users = consumers[node.output[0]]
+        if not act and len(users) == 1 and node.output[0] not in outputs and users[0].op_type == "QuickGelu" \
+                and users[0].domain == "com.microsoft":
+            fold = users[0]
+            act, alpha, beta, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), 0.0, fold.output[0]
+        dims = hw.get(node.input[0])
+        c = int(inits[node.input[1]].dims[0])
+        shape = Shape(c, dims[0], dims[1], k, (strides[0], strides[1]), (pads[0], pads[1], pads[2], pads[3]), act,
+                      alpha, beta) if dims else None
+        if shape is None or not decide(shape):
+            result.kept += 1
+            continue
+        base = node.name or node.output[0]
+        if len(node.input) > 2 and node.input[2]:
+            bias = node.input[2]
+        else:
+            bias = f"{base}/depthwise_bias"
+            new_inits.append(numpy_helper.from_array(np.zeros(c, np.float32), bias))
+        new = helper.make_node(OP, [node.input[0], node.input[1], bias], [out], name=f"{base}/depthwise",
+                               domain=DOMAIN, **_node_attrs(shape, block))
+        new.doc_string = f"ortfuse layout: {base} as a native depthwise conv on NCHWc blocks"
+        replace[id(node)] = new
+        if fold is not None:
+            dropped.add(id(fold))
+        result.replaced[act] += 1
+    if replace:
+        nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(new_inits)
+    return result
+
+
+def _node_attrs(s: Shape, block: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"block": block, "strides": list(s.strides), "pads": list(s.pads)}
+    if s.act:
+        attrs.update(activation=s.act, alpha=s.alpha, beta=s.beta)
+    return attrs
+
+
+def _ort_conv_attrs(s: Shape) -> dict[str, Any]:
+    """ORT's NCHWc Conv attributes for ``s`` (its activation fused where ORT fuses it)."""
+    attrs: dict[str, Any] = {"group": s.c, "strides": list(s.strides), "pads": list(s.pads)}
+    names = {v[0]: name for name, v in _ACTIVATIONS.items()}
+    if s.act in names:
+        attrs["activation"] = names[s.act]
+        if s.act in ("clip", "hard_sigmoid"):
+            attrs["activation_params"] = [s.alpha, s.beta]
+    return attrs
+
+
+def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
+    """One depthwise conv between reorders, as ORT's blocked Conv (+QuickGelu) and as the native op."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((s.c, 1, s.k, s.k)) / s.k).astype(np.float32)
+    oh = (s.h + s.pads[0] + s.pads[2] - s.k) // s.strides[0] + 1
+    ow = (s.w + s.pads[1] + s.pads[3] - s.k) // s.strides[1] + 1
+    inits = [numpy_helper.from_array(pack_filter(w, block), "wb"),
+             numpy_helper.from_array(rng.standard_normal(s.c).astype(np.float32), "b")]
+    io = ([helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, s.c, s.h, s.w])],
+          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, s.c, oh, ow])])
+    first = helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC)
+    last = helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=s.c)
+    stock = [first, helper.make_node("Conv", ["xb", "wb", "b"], ["yb"], domain=NCHWC, **_ort_conv_attrs(s))]
+    if s.act == "quick_gelu":
+        stock[-1].output[0] = "cb"
+        stock.append(helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=s.alpha))
+    native = [first, helper.make_node(OP, ["xb", "wb", "b"], ["yb"], domain=DOMAIN, **_node_attrs(s, block))]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
+              helper.make_opsetid("com.microsoft", 1)]
+    out = []
+    for nodes in (stock, native):
+        graph = helper.make_graph([*nodes, last], "depthwise_probe", *io, inits)
+        out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    return out[0], out[1]
+
+
+@functools.lru_cache(maxsize=256)
+def measured_faster(shape: Shape, block: int, threads: int) -> bool:
+    """Whether the native form's median time is below MARGIN times ORT's on this machine, for one
+    depthwise conv of this shape between reorders (``measure.native_faster``)."""
+    stock, native = pair_models(shape, block)
+    return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
+                                 MARGIN)
+
+
+def decider(block: int, threads: int) -> Callable[[Shape], bool]:
+    """The ``decide`` of ``run_depthwise`` for this process's mode (module docstring)."""
+    if mode() == "on":
+        return lambda shape: True
+    return lambda shape: measured_faster(shape, block, threads)
