@@ -8,36 +8,20 @@ form against stock ORT at ORT_DISABLE_ALL (atol 1e-4 * max(1, max |ref|))."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from native_sessions import native_options, one_op_session
 
 from ortfuse import fuse
-from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.provenance import native_op_types
 from ortfuse.fusion.rules import attention
 from ortfuse.kernels import registry
-from ortfuse.runtime.op_registration import with_custom_ops
 
 OP = attention.CORE_OP
 
 
-def _registered(ops) -> ort.SessionOptions:
-    so, why_not = with_custom_ops(ort.SessionOptions(), frozenset(ops), python_ops=False)
-    if why_not:
-        pytest.skip(f"the native path is unavailable in this process: {why_not}")
-    so.intra_op_num_threads = 2
-    return so
-
-
-def _core_session(heads: int, scale: float) -> ort.InferenceSession:
-    node = helper.make_node(OP, ["qkv", "b", "m"], ["y"], domain=DOMAIN, num_heads=heads, scale=scale)
-    graph = helper.make_graph([node], "core", [helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                                               for t in ("qkv", "b", "m")],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    return ort.InferenceSession(model.SerializeToString(), _registered({OP}))
+def _core_session(heads: int, scale: float):
+    return one_op_session(OP, ["qkv", "b", "m"], num_heads=heads, scale=scale)
 
 
 def _mask(kind, rng, batch, heads, seq):
@@ -111,7 +95,7 @@ def _fused_native(model):
     fused, report = fuse(model, ["attention"], kernels="lowered:native_core")
     ops = native_op_types(fused)
     assert OP in ops, report.reason
-    return fused, report, ort.InferenceSession(fused.SerializeToString(), _registered(ops))
+    return fused, report, ort.InferenceSession(fused.SerializeToString(), native_options(ops))
 
 
 def _close(got, ref, rtol=1e-4):

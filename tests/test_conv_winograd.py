@@ -9,15 +9,14 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from native_sessions import from_blocked, one_op_session, to_blocked
 from onnx import helper, numpy_helper
 
 import ortfuse
 from ortfuse.custom_ops.kernels.conv_filters import conv3x3_reference as reference
 from ortfuse.custom_ops.kernels.conv_filters import transform_filter
-from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.layout import winograd
 from ortfuse.layout.probe import block_size
-from ortfuse.runtime.op_registration import with_custom_ops
 
 OP = winograd.OP
 TOL = 1e-4
@@ -30,26 +29,11 @@ def _close(got, ref) -> float:
 
 def _session(block: int, act: str = "", alpha: float | None = None, residual: bool = False):
     attrs: dict = {"block": block, **({"activation": act} if act else {}), **({"alpha": alpha} if alpha else {})}
-    names = "xubr" if residual else "xub"
-    op = winograd.OP_ADD if residual else OP
-    graph = helper.make_graph([helper.make_node(op, list(names), ["y"], domain=DOMAIN, **attrs)], "g",
-                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({op}), python_ops=False)
-    assert not why_not
-    so.intra_op_num_threads = 2
-    return onnxruntime.InferenceSession(model.SerializeToString(), so)
+    return one_op_session(winograd.OP_ADD if residual else OP, "xubr" if residual else "xub", **attrs)
 
 
-def _block(x: np.ndarray, b: int) -> np.ndarray:
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
 
 
-def _unblock(y: np.ndarray, b: int) -> np.ndarray:
-    n, c, h, w = y.shape
-    return y.reshape(n, c // b, h, w, b).transpose(0, 1, 4, 2, 3).reshape(n, c, h, w)
 
 
 def _data(n, cin, cout, h, w, seed=0):
@@ -69,14 +53,14 @@ SHAPES = [(8, 1, 16, 24, 9, 11), (8, 2, 32, 8, 4, 4), (16, 1, 32, 48, 13, 6), (8
 def test_kernel_matches_the_float64_reference(block, n, cin, cout, h, w, act):
     x, wt, b = _data(n, cin, cout, h, w, seed=cin + h)
     alpha = 1.702 if act == "quick_gelu" else None
-    y = _session(block, act, alpha).run(None, {"x": _block(x, block), "u": transform_filter(wt), "b": b})[0]
+    y = _session(block, act, alpha).run(None, {"x": to_blocked(x, block), "u": transform_filter(wt), "b": b})[0]
     assert y.shape == (n, cout, h, w)
     ref = reference(x, wt, b)
     if act == "relu":
         ref = np.maximum(ref, 0)
     elif act == "quick_gelu":
         ref = ref / (1 + np.exp(-1.702 * ref))
-    assert _close(_unblock(y, block), ref) <= TOL
+    assert _close(from_blocked(y, block), ref) <= TOL
 
 
 @pytest.mark.parametrize("block, n, cin, cout, h, w", [SHAPES[0], SHAPES[2], SHAPES[5]])
@@ -86,11 +70,11 @@ def test_residual_is_added_after_the_epilogue(block, n, cin, cout, h, w, act):
     x, wt, b = _data(n, cin, cout, h, w, seed=cin + w)
     r = np.random.default_rng(9).standard_normal((n, cout, h, w)).astype(np.float32)
     alpha = 1.0 if act == "quick_gelu" else None
-    feeds = {"x": _block(x, block), "u": transform_filter(wt), "b": b, "r": _block(r, block)}
+    feeds = {"x": to_blocked(x, block), "u": transform_filter(wt), "b": b, "r": to_blocked(r, block)}
     y = _session(block, act, alpha, residual=True).run(None, feeds)[0]
     ref = reference(x, wt, b)
     ref = np.maximum(ref, 0) if act == "relu" else ref / (1 + np.exp(-ref))
-    assert _close(_unblock(y, block), ref + r) <= TOL
+    assert _close(from_blocked(y, block), ref + r) <= TOL
 
 
 @pytest.mark.parametrize("r_shape", [(1, 16, 4, 5), (1, 8, 4, 4), (2, 16, 4, 4), (16, 4, 4)])
@@ -123,8 +107,8 @@ def _stock(x, wt, b, act: str):
 def test_kernel_matches_stock_ort(act):
     x, wt, b = _data(1, 64, 80, 20, 20, seed=3)
     y = _session(8, act, 1.0 if act == "quick_gelu" else None).run(
-        None, {"x": _block(x, 8), "u": transform_filter(wt), "b": b})[0]
-    assert _close(_unblock(y, 8), _stock(x, wt, b, act)) <= TOL
+        None, {"x": to_blocked(x, 8), "u": transform_filter(wt), "b": b})[0]
+    assert _close(from_blocked(y, 8), _stock(x, wt, b, act)) <= TOL
 
 
 @pytest.mark.parametrize("block, x_shape, u_shape, b_shape, text", [

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from native_sessions import one_op_session, to_blocked
 from onnx import helper, numpy_helper
 
 from ortfuse import fuse, models
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import node_attrs
-from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.provenance import native_op_types
 from ortfuse.layout import blocked_scale, planner, regions, winograd
 from ortfuse.layout.probe import block_size
@@ -26,19 +26,7 @@ PROGRAM = ('[{"op":"Mul","args":["x","c0"]},{"op":"Add","args":["c1","x"]},{"op"
 
 def _chain_session(op: str, block: int | None):
     attrs = node_attrs({"program": PROGRAM}) | ({"block": block} if block else {})
-    node = helper.make_node(op, ["x", "c0", "c1", "c2"], ["y"], domain=DOMAIN, **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                                            for t in ("x", "c0", "c1", "c2")],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({op}), python_ops=False)
-    assert not why_not
-    return onnxruntime.InferenceSession(model.SerializeToString(), so)
-
-
-def _to_blocked(a: np.ndarray, block: int) -> np.ndarray:
-    n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
+    return one_op_session(op, ["x", "c0", "c1", "c2"], **attrs)
 
 
 @pytest.mark.parametrize("block, n, c, h, w, scale_shape", [
@@ -55,9 +43,9 @@ def test_blocked_chain_equals_the_plain_chain_on_blocked_data(block, n, c, h, w,
     k = np.array([0.25], np.float32)
     plain = _chain_session("FusedEltwiseChain3", None).run(None, {"x": x, "c0": s, "c1": full, "c2": k})[0]
     got = _chain_session("FusedEltwiseChainBlocked3", block).run(
-        None, {"x": _to_blocked(x, block), "c0": s, "c1": _to_blocked(full, block), "c2": k})[0]
+        None, {"x": to_blocked(x, block), "c0": s, "c1": to_blocked(full, block), "c2": k})[0]
     assert got.shape == (n, c, h, w)
-    assert np.array_equal(got, _to_blocked(plain, block))
+    assert np.array_equal(got, to_blocked(plain, block))
 
 
 @pytest.mark.parametrize("x_shape, s_shape, text", [

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from native_sessions import from_blocked, one_op_session, to_blocked
 from onnx import helper
 
 from ortfuse.custom_ops.kernels.squeeze_excite import reference
@@ -30,27 +31,12 @@ def _close(got, ref) -> float:
 
 
 def _session(block: int, add: bool = False, threads: int = 2, **attrs):
-    op = OP_ADD if add else OP
     names = ["x", "w1", "b1", "w2", "b2"] + (["a"] if add else [])
-    node = helper.make_node(op, names, ["y"], domain=DOMAIN, block=block, **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
-                                            for n in names],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    so, why_not = with_custom_ops(onnxruntime.SessionOptions(), frozenset({op}), python_ops=False)
-    assert not why_not
-    so.intra_op_num_threads = threads
-    return onnxruntime.InferenceSession(model.SerializeToString(), so)
+    return one_op_session(OP_ADD if add else OP, names, threads, block=block, **attrs)
 
 
-def _block(x: np.ndarray, b: int) -> np.ndarray:
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
 
 
-def _unblock(y: np.ndarray, b: int) -> np.ndarray:
-    n, c, h, w = y.shape
-    return y.reshape(n, c // b, h, w, b).transpose(0, 1, 4, 2, 3).reshape(n, c, h, w)
 
 
 def _weights(c: int, cr: int, seed: int):
@@ -61,10 +47,10 @@ def _weights(c: int, cr: int, seed: int):
 
 
 def _feeds(x, w1, b1, w2, b2, block, a=None):
-    feeds = {"x": _block(x, block), "w1": np.ascontiguousarray(w1.T), "b1": b1, "w2": np.ascontiguousarray(w2.T),
+    feeds = {"x": to_blocked(x, block), "w1": np.ascontiguousarray(w1.T), "b1": b1, "w2": np.ascontiguousarray(w2.T),
              "b2": b2}
     if a is not None:
-        feeds["a"] = _block(a, block)
+        feeds["a"] = to_blocked(a, block)
     return feeds
 
 
@@ -89,7 +75,7 @@ def test_kernel_matches_the_float64_reference(block, n, c, cr, h, w, act, gate, 
     y = _session(block, add, **attrs).run(None, _feeds(x, w1, b1, w2, b2, block, a))[0]
     assert y.shape == (n, c, h, w)
     ref = reference(x, w1, b1, w2, b2, act, gate, 1 / 6, 0.5, bool(residual), a)
-    assert _close(_unblock(y, block), ref) <= TOL
+    assert _close(from_blocked(y, block), ref) <= TOL
 
 
 def test_kernel_runs_serially_and_on_the_pool_alike():
@@ -111,7 +97,7 @@ def test_kernel_keeps_nan_and_inf_where_the_reference_does():
     w1, b1, w2, b2 = _weights(8, 4, seed=1)
     y = _session(8, gate="sigmoid", activation="relu").run(None, _feeds(x, w1, b1, w2, b2, 8))[0]
     ref = reference(x, w1, b1, w2, b2, "relu", "sigmoid")
-    assert np.array_equal(np.isnan(_unblock(y, 8)), np.isnan(ref))
+    assert np.array_equal(np.isnan(from_blocked(y, 8)), np.isnan(ref))
 
 
 def test_empty_images_give_an_empty_output():

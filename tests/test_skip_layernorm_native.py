@@ -8,37 +8,21 @@ max(1, max |ref|))."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from native_sessions import native_options, one_op_session
 
 from ortfuse import fuse
-from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.provenance import native_op_types
 from ortfuse.fusion.rules import skip_layernorm
-from ortfuse.runtime.op_registration import with_custom_ops
 
 OP = "FusedSkipLayerNorm"
 EPS = 1e-12
 
 
-def _registered(ops) -> ort.SessionOptions:
-    so, why_not = with_custom_ops(ort.SessionOptions(), frozenset(ops), python_ops=False)
-    if why_not:
-        pytest.skip(f"the native path is unavailable in this process: {why_not}")
-    so.intra_op_num_threads = 2
-    return so
-
-
 @pytest.fixture(scope="module")
 def kernel():
-    node = helper.make_node(OP, ["x", "skip", "gamma", "beta", "bias"], ["y"], domain=DOMAIN, epsilon=EPS)
-    graph = helper.make_graph([node], "sln", [helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                                              for t in ("x", "skip", "gamma", "beta", "bias")],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
-    return ort.InferenceSession(model.SerializeToString(), _registered({OP}))
+    return one_op_session(OP, ["x", "skip", "gamma", "beta", "bias"], epsilon=EPS)
 
 
 def _vectors(rng, d):
@@ -96,7 +80,7 @@ def _native_session(model, ids):
     fused, report = fuse(model, ids, kernels="native")
     ops = native_op_types(fused)
     assert OP in ops, report.reason
-    return fused, report, ort.InferenceSession(fused.SerializeToString(), _registered(ops))
+    return fused, report, ort.InferenceSession(fused.SerializeToString(), native_options(ops))
 
 
 def _close(got, ref):
