@@ -8,6 +8,7 @@ from ONNX shape inference (dims are ints, symbolic names, or None).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 
 import numpy as np
@@ -25,6 +26,17 @@ def fresh_name(base: str, taken: set[str]) -> str:
         name = f"{base}_{k}"
     taken.add(name)
     return name
+
+
+def consumers_of(graph: onnx.GraphProto) -> collections.defaultdict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes of ``graph`` that read it, in graph order (a name never read maps to
+    []; an omitted optional input "" is no tensor and reads nothing)."""
+    consumers: collections.defaultdict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            if t:
+                consumers[t].append(n)
+    return consumers
 
 
 def _subgraph_refs(graph: onnx.GraphProto) -> set[str]:

@@ -14,7 +14,6 @@ before ORT optimized it (the tensors around a reorder keep their original names)
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 
 import onnx
@@ -22,6 +21,7 @@ from onnx import helper
 
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedChannelScaleBlocked"
@@ -42,10 +42,7 @@ def reorder_count(graph: onnx.GraphProto) -> int:
 def block_channel_scales(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int) -> int:
     """Rewrite every SE scale Mul between blocked tensors in ``graph`` (in place); returns how many."""
     producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            consumers[t].append(n)
+    consumers = consumers_of(graph)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
     for node in graph.node:

@@ -17,7 +17,6 @@ of the block. The decision is timed per shape as for ``winograd`` (``measure.nat
 
 from __future__ import annotations
 
-import collections
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.conv_filters import pack_deconv_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 from ortfuse.layout import measure
 from ortfuse.layout.winograd import MARGIN, NCHWC, mode
 
@@ -108,10 +108,7 @@ def run_deconv(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: in
         return result
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            consumers[t].append(n)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     replace: dict[int, onnx.NodeProto] = {}
     dropped: set[int] = set()

@@ -39,6 +39,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 from ortfuse.layout import measure, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
 
@@ -151,10 +152,7 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
     if block not in (8, 16) or mode() == "off":
         return result
     inits = {t.name: t for t in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            consumers[t].append(n)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     replace: dict[int, onnx.NodeProto] = {}
     dropped: set[int] = set()

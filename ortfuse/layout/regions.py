@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 
 NCHWC = "com.microsoft.nchwc"
 CHAIN, BLOCKED_CHAIN = "FusedEltwiseChain", "FusedEltwiseChainBlocked"
@@ -79,7 +80,7 @@ def reorders_left(graph: onnx.GraphProto, block: int = 0) -> collections.Counter
     the block names it ("Op (20 channels, not a multiple of the block 8)"): ORT pads such tensors, and
     the ops that run blocked here need every channel real."""
     producer = {o: n for n in graph.node for o in n.output}
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     left: collections.Counter = collections.Counter()
     for n in graph.node:
@@ -97,22 +98,13 @@ def reorders_left(graph: onnx.GraphProto, block: int = 0) -> collections.Counter
     return left
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            if t:
-                consumers[t].append(n)
-    return consumers
-
-
 class _Graph:
     """The graph's maps and the blocked twin of each plain tensor known so far."""
 
     def __init__(self, graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int):
         self.graph, self.shape, self.block = graph, shape, block
         self.producer = {o: n for n in graph.node for o in n.output}
-        self.consumers = _consumers(graph)
+        self.consumers = consumers_of(graph)
         self.inits = {t.name: t for t in graph.initializer}
         self.outputs = {o.name for o in graph.output}
         self.twin: dict[str, str] = {}  # plain tensor -> blocked tensor with the same values

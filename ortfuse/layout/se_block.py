@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.squeeze_excite import block_1x1, unblock_1x1
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 from ortfuse.layout import measure
 from ortfuse.layout.winograd import spatial_dims
 
@@ -285,11 +286,7 @@ def run_se_blocks(graph: onnx.GraphProto, shape: Callable[[str], list | None], b
     result = SEResult()
     if block < 1 or mode() == "off":
         return result
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            if t:
-                consumers[t].append(n)
+    consumers = consumers_of(graph)
     g = {"consumers": consumers, "outputs": {o.name for o in graph.output},
          "producer": {o: n for n in graph.node for o in n.output},
          "inits": {t.name: t for t in graph.initializer}, "hw": spatial_dims(graph, shape)}

@@ -43,6 +43,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.graph import consumers_of
 from ortfuse.layout import measure
 
 NCHWC = "com.microsoft.nchwc"
@@ -187,10 +188,7 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
     if block not in (8, 16) or mode() == "off":
         return result
     inits = {t.name: t for t in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            consumers[t].append(n)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     hw = spatial_dims(graph, shape)
     replace: dict[int, onnx.NodeProto] = {}
