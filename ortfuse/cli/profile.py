@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ortfuse.cli.verify import add_input_arguments, command_inputs, default_patterns
+from ortfuse.layout import provenance
 from ortfuse.runtime.session_options import make_options
 
 CPU = ["CPUExecutionProvider"]
@@ -65,6 +66,7 @@ class NodeTime:
     fused_op: str = ""  # fused configuration: the fused op (report's fused_node) this node belongs to
     pattern_id: str = ""
     replaced: list[str] = field(default_factory=list)  # the fused op's original nodes
+    spans: list[str] = field(default_factory=list)  # fused ops a layout op does together (time not split)
 
 
 @dataclass
@@ -139,8 +141,18 @@ class NameMap:
         self.producer = {o: ix.name_of(n) for n in model.graph.node for o in n.output if o}
         # ORT's optimized graph (same node names as its profile): node name -> its output tensors
         self.outputs = {n.name: [o for o in n.output if o] for n in optimized.graph.node} if optimized else {}
+        # a layout op names the nodes of ORT's graph it replaces (ortfuse.layout.provenance)
+        self.replaces = {n.name: provenance.replaced(n) for n in optimized.graph.node} if optimized else {}
 
     def resolve(self, name: str, op_type: str) -> tuple[list[str], str]:
+        if self.replaces.get(name):
+            found = {t for r in self.replaces[name] for t in self._resolve(r, "")[0]}
+            found |= {self.producer[o] for o in self.outputs.get(name, ()) if o in self.producer}
+            if found:
+                return sorted(found), "ortfuse layout op (the nodes it replaces)"
+        return self._resolve(name, op_type)
+
+    def _resolve(self, name: str, op_type: str) -> tuple[list[str], str]:
         if name in self.names:
             return [name], "same name"
         base = self._TOKEN.sub("", name)
@@ -188,7 +200,9 @@ def _ort_optimized_graph(model_bytes: bytes, folder: str):
 
 @dataclass
 class PatternSaving:
-    """Per pattern: fused ops, how many were found in both profiles (mapped), times in us per run."""
+    """Per pattern: fused ops, how many were found in both profiles (mapped), how many run inside a
+    layout op shared with other fused ops (shared: never mapped, the op's time is not split), times in
+    us per run."""
 
     pattern_id: str
     ops: int
@@ -197,6 +211,7 @@ class PatternSaving:
     fused_mapped_us: float  # the mapped ones only
     original_us: float  # stock time of the mapped ops' original nodes
     saving_us: float  # original_us - fused_mapped_us
+    shared: int = 0
 
 
 @dataclass
@@ -229,11 +244,15 @@ def attribute(fused: Profile, stock: Profile, matches: list) -> Attribution:
     standing for their original nodes."""
     owner = {orig: m.fused_node for m in matches for orig in m.nodes}
     fused_time: dict[str, float] = {}
+    shared: set[str] = set()
     fsplit = Split()
     for node in fused.nodes:
         if node.fused_op:
             fsplit.fused_ops_us += node.us
             fused_time[node.fused_op] = fused_time.get(node.fused_op, 0.0) + node.us
+        elif node.spans:
+            fsplit.fused_ops_us += node.us
+            shared.update(node.spans)
         elif node.maps_to:
             fsplit.left_unfused_us += node.us
         else:
@@ -256,6 +275,7 @@ def attribute(fused: Profile, stock: Profile, matches: list) -> Attribution:
         us = fused_time.get(m.fused_node, 0.0)
         row.ops += 1
         row.fused_us += us
+        row.shared += m.fused_node in shared
         if m.fused_node in stock_time and m.fused_node in fused_time:  # found in both profiles
             row.mapped += 1
             row.fused_mapped_us += us
@@ -369,11 +389,13 @@ def _nodes(totals, counted: int, names: NameMap, matches: list) -> list[NodeTime
     for name, (op, times, count) in totals.items():
         node = NodeTime(name, op, float(np.median(times)), count / counted)
         node.maps_to, node.how = names.resolve(name, op)
-        for target in node.maps_to:
-            match = by_name.get(target) or by_name.get(target.split("/", 1)[0])
-            if match is not None:
-                node.fused_op, node.pattern_id, node.replaced = match.fused_node, match.pattern_id, list(match.nodes)
-                break
+        found = [by_name.get(t) or by_name.get(t.split("/", 1)[0]) for t in node.maps_to]
+        owners = list({m.fused_node: m for m in found if m is not None}.values())
+        if len(owners) == 1:
+            node.fused_op, node.pattern_id, node.replaced = owners[0].fused_node, owners[0].pattern_id, \
+                list(owners[0].nodes)
+        else:  # a layout op doing several fused ops' work: its time is not split by guesswork
+            node.spans = sorted(m.fused_node for m in owners)
         out.append(node)
     return sorted(out, key=lambda n: -n.us)
 
@@ -421,6 +443,8 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
             if n.fused_op:
                 part = "" if n.fused_op == n.name else f"part of {n.fused_op}, "
                 what = f"{n.pattern_id}: {part}replaces {','.join(n.replaced)}"
+            elif n.spans:
+                what = f"the work of {','.join(n.spans)} and more ({n.how})"
             else:
                 what = ",".join(n.maps_to) + f" ({n.how})" if n.maps_to else n.how
             rows.append((n.name, n.op_type, _ms(n.us), _pct(n.us, p.node_us), what[:100]))
@@ -433,7 +457,8 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
         else:
             rows = [("pattern", "fused ops", "mapped", "fused (ms)", "original (ms)", "saving (ms)")]
             for s in a.patterns:
-                rows.append((s.pattern_id, s.ops, f"{s.mapped}/{s.ops}", _ms(s.fused_mapped_us),
+                mapped = f"{s.mapped}/{s.ops}" + (f" ({s.shared} in shared layout ops)" if s.shared else "")
+                rows.append((s.pattern_id, s.ops, mapped, _ms(s.fused_mapped_us),
                              _ms(s.original_us) if s.mapped else "unmapped",
                              _ms(s.saving_us) if s.mapped else "unmapped"))
             lines += _table(rows)
