@@ -139,7 +139,8 @@ def register_python_ops(specs: Iterable[OpSpec]) -> None:
         for spec in todo:
             attrs = {name: kinds[t] for name, t in spec.all_attrs().items()}
             body = _without_provenance(spec.reference)
-            onnx_op(op_type=spec.ref_op_type, inputs=[PyCustomOpDef.dt_float] * len(spec.inputs),
+            onnx_op(op_type=spec.ref_op_type, inputs=[PyCustomOpDef.dt_int64 if n in spec.int64_inputs
+                                                          else PyCustomOpDef.dt_float for n in spec.inputs],
                     outputs=[PyCustomOpDef.dt_float], attrs=attrs)(body)
             _OUR_OPS.add(spec.ref_op_type)
         if not _hook_installed:

@@ -23,14 +23,16 @@ MAX_CHAIN_OPERANDS = 4  # operands of one FusedEltwiseChain<k> (k = 0..4): one o
 
 @dataclass(frozen=True)
 class OpSpec:
-    """A fused op: ``inputs`` are float32 tensors; ``attrs`` maps attribute name to int/float/str;
-    ``reference(*inputs, **attrs)`` is its numpy definition, which every kernel is checked against."""
+    """A fused op: ``inputs`` are float32 tensors, except those named in ``int64_inputs`` (indices);
+    ``attrs`` maps attribute name to int/float/str; ``reference(*inputs, **attrs)`` is its numpy
+    definition, which every kernel is checked against."""
 
     name: str
     pattern_id: str
     inputs: tuple[str, ...]
     attrs: dict[str, type] = field(default_factory=dict)
     reference: Callable = None
+    int64_inputs: tuple[str, ...] = ()
 
     @property
     def ref_op_type(self) -> str:
