@@ -187,7 +187,7 @@ def check_group(record, nodes: list[onnx.NodeProto]) -> None:
         read = {i for n in nodes for i in n.input}
         last = [n for n in nodes if not set(n.output) & read]
         assert [n.name for n in last] == [record.fused_node], (record.fused_node, [n.name for n in nodes])
-        others = sorted(n.name for n in nodes if n is not last[0])
+        others = sorted((n.name for n in nodes if n is not last[0]), key=lambda s: int(s.rsplit("/", 1)[1]))
         assert others == [f"{record.fused_node}/{k}" for k in range(len(others))], others
         assert not any(n.op_type.endswith("Ref") for n in nodes)
     else:

@@ -11,9 +11,9 @@ dim is ``batch`` and any other dynamic dim ``DEFAULT_DIM``. Values, seeded:
   keep its values (``VALUE_OPS``: Cast to an integer type, Unsqueeze, Squeeze, Reshape, Flatten,
   Identity, Expand, Tile, Transpose, Slice, Concat, Gather's data input) and Add/Sub of an integer
   scalar constant (the range shifts by it), reaches the index input of ``INDEXING_OPS`` (Gather,
-  GatherElements, OneHot's depth, com.microsoft EmbedLayerNormalization's ids) whose table is an
-  initializer or Constant (seen through Identity/Cast/DequantizeLinear) with a known size on the
-  indexed axis;
+  GatherElements, OneHot's depth, com.microsoft EmbedLayerNormalization's and ortfuse's
+  FusedEmbedLayerNorm's ids) whose table is an initializer or Constant (seen through
+  Identity/Cast/DequantizeLinear) with a known size on the indexed axis;
 - other integers: [0, 2) when the input is a mask, that is, its name contains "mask" or its values
   reach (through ``VALUE_OPS``) a Cast to a floating type (an attention mask turned into a bias),
   else [0, 8), small enough to be valid indices of most embeddings.
@@ -51,6 +51,7 @@ INDEXING_OPS: dict[str, tuple[tuple[int, int, str | int], ...]] = {
     "Gather": ((1, 0, "axis"),),
     "GatherElements": ((1, 0, "axis"),),
     "EmbedLayerNormalization": ((0, 2, 0), (1, 4, 0), (9, 3, 0)),
+    "FusedEmbedLayerNorm": ((0, 2, 0), (1, 3, 0)),  # ortfuse's op, in a model saved fused
 }
 _TABLE_THROUGH = {"Identity", "Cast", "DequantizeLinear"}  # ops a table is seen through, backwards
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx FLOAT, FLOAT16, DOUBLE, BFLOAT16

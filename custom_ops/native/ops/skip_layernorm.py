@@ -22,6 +22,7 @@ from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
 from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
+from ortfuse.custom_ops.native.reductions import row_sum, squared_deviation
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32
 from ortfuse.custom_ops.native.threads import run_blocks
 
@@ -37,25 +38,6 @@ _T_SHAPES = cstr("X must have the shape [batch, seq, hidden], Skip [batch or 1, 
                  "and Gamma, Beta and Bias [hidden]")
 
 
-@njit(nogil=True, error_model="numpy", cache=True, fastmath={"reassoc"})
-def _sum(row):
-    """sum(row); only the sum is reassociated (so that it vectorizes)."""
-    total = np.float32(0.0)
-    for k in range(row.shape[0]):
-        total += row[k]
-    return total
-
-
-@njit(nogil=True, error_model="numpy", cache=True, fastmath={"reassoc"})
-def _squared_deviation(row, mean):
-    """sum((row - mean)^2); only the sum is reassociated."""
-    total = np.float32(0.0)
-    for k in range(row.shape[0]):
-        t = row[k] - mean
-        total += t * t
-    return total
-
-
 @njit(nogil=True, error_model="numpy", cache=True)
 def normalize_rows(x, skip, gamma, beta, bias, y, d, r0, r1, skip_rows, eps):
     """Rows r0..r1 of Y (x, y: [rows * d]; skip: [skip_rows * d], row r reads skip row r % skip_rows)."""
@@ -66,8 +48,8 @@ def normalize_rows(x, skip, gamma, beta, bias, y, d, r0, r1, skip_rows, eps):
         row, xr, sr = y[at:at + d], x[at:at + d], skip[sat:sat + d]  # slices: indices numba knows are >= 0
         for k in range(d):
             row[k] = xr[k] + sr[k] + bias[k]
-        mean = _sum(row) * inv_d
-        rstd = np.float32(1.0) / np.sqrt(_squared_deviation(row, mean) * inv_d + eps)
+        mean = row_sum(row) * inv_d
+        rstd = np.float32(1.0) / np.sqrt(squared_deviation(row, mean) * inv_d + eps)
         for k in range(d):
             row[k] = (row[k] - mean) * rstd * gamma[k] + beta[k]
 

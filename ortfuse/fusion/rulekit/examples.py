@@ -29,3 +29,18 @@ def model(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], outputs: li
 def weights(shape: list[int], seed: int = 0, scale: float = 0.5) -> np.ndarray:
     """Deterministic float32 weights."""
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def layer_norm_nodes(x: str, y: str, opset: int) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    """y = LayerNorm(x; gamma, beta, epsilon 1e-12) as an exporter writes it at ``opset``: the op
+    (17+), else the decomposition; returns the nodes and the constants they add (gamma and beta are
+    the caller's)."""
+    if opset >= 17:
+        return [helper.make_node("LayerNormalization", [x, "gamma", "beta"], [y], axis=-1, epsilon=1e-12)], {}
+    nodes = [helper.make_node("ReduceMean", [x], ["mean"], axes=[-1]),
+             helper.make_node("Sub", [x, "mean"], ["d"]), helper.make_node("Pow", ["d", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["std"]),
+             helper.make_node("Div", ["d", "std"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["g"]),
+             helper.make_node("Add", ["g", "beta"], [y])]
+    return nodes, {"two": np.float32(2.0), "eps": np.float32(1e-12)}

@@ -1,6 +1,7 @@
-"""LayerNorm over the last axis as exporters write it, read from the tensor it normalizes: the
-LayerNormalization op (opset 17+), or the decomposition of opset < 17 exports
+"""LayerNorm over the last axis as exporters write it: the LayerNormalization op (opset 17+), or the
+decomposition of opset < 17 exports
 ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div -> Mul(gamma) -> Add(beta).
+``layer_norm`` reads one from the tensor it normalizes; ``lowered_layer_norm`` writes one.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.fusion.rulekit.lowering import Context, node
+from ortfuse.fusion.rulekit.result import Lowered
 from ortfuse.ir.graph import GraphIndex
 
 
@@ -97,3 +101,20 @@ def layer_norm(ix: GraphIndex, x: str) -> LayerNorm | None:
     assert var is not None and add is not None and eps is not None and mul is not None
     nodes = [mean, sub, pow_, var, add, sqrt, div, mul, shift]
     return LayerNorm(nodes, shift.output[0], gamma, beta, eps)
+
+
+def lowered_layer_norm(x: str, out: str, gamma: str, beta: str, epsilon: float, ctx: Context) -> Lowered:
+    """``out`` = LayerNorm of ``x`` over the last axis: the LayerNormalization op at opset >= 17, else
+    the opset < 17 decomposition (which ORT fuses into its LayerNormalization kernel)."""
+    if ctx.opset >= 17:
+        return Lowered([node("LayerNormalization", [x, gamma, beta], [out], axis=-1, epsilon=epsilon)])
+    n = {k: ctx.fresh(k) for k in ("mean", "centred", "squared", "var", "var_eps", "std", "normed", "scaled")}
+    two = numpy_helper.from_array(np.array(2.0, np.float32), ctx.fresh("two"))
+    eps = numpy_helper.from_array(np.array(epsilon, np.float32), ctx.fresh("epsilon"))
+    nodes = [node("ReduceMean", [x], [n["mean"]], axes=[-1]), node("Sub", [x, n["mean"]], [n["centred"]]),
+             node("Pow", [n["centred"], two.name], [n["squared"]]),
+             node("ReduceMean", [n["squared"]], [n["var"]], axes=[-1]),
+             node("Add", [n["var"], eps.name], [n["var_eps"]]), node("Sqrt", [n["var_eps"]], [n["std"]]),
+             node("Div", [n["centred"], n["std"]], [n["normed"]]), node("Mul", [n["normed"], gamma], [n["scaled"]]),
+             node("Add", [n["scaled"], beta], [out])]
+    return Lowered(nodes, [two, eps])

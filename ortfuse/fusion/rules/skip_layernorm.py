@@ -21,8 +21,8 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import float32_problem, intermediate_problem
 from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
-from ortfuse.fusion.rulekit.examples import model, weights
-from ortfuse.fusion.rulekit.layernorm import layer_norm
+from ortfuse.fusion.rulekit.examples import layer_norm_nodes, model, weights
+from ortfuse.fusion.rulekit.layernorm import layer_norm, lowered_layer_norm
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
@@ -106,43 +106,14 @@ def lower_skiplayernorm(m: Match, ctx: Context) -> Lowered | str:
                          epsilon=float(m.attrs["epsilon"]))])
 
 
-def _decomposed_ln(x: str, out: str, gamma: str, beta: str, epsilon: float, ctx: Context) -> Lowered:
-    """LayerNorm over the last axis as the opset < 17 exporters write it (ORT fuses it into its
-    LayerNormalization kernel)."""
-    names = {k: ctx.fresh(k) for k in ("mean", "centred", "squared", "var", "var_eps", "std", "normed", "scaled")}
-    two = numpy_helper.from_array(np.array(2.0, np.float32), ctx.fresh("two"))
-    eps = numpy_helper.from_array(np.array(epsilon, np.float32), ctx.fresh("epsilon"))
-    inits = [two, eps]
-    if ctx.opset >= 18:
-        axes = numpy_helper.from_array(np.array([-1], np.int64), ctx.fresh("axes"))
-        inits.append(axes)
-
-    def mean_of(src: str, dst: str) -> onnx.NodeProto:
-        if ctx.opset >= 18:
-            return node("ReduceMean", [src, axes.name], [dst])
-        return node("ReduceMean", [src], [dst], axes=[-1])
-
-    n = names
-    nodes = [mean_of(x, n["mean"]), node("Sub", [x, n["mean"]], [n["centred"]]),
-             node("Pow", [n["centred"], two.name], [n["squared"]]), mean_of(n["squared"], n["var"]),
-             node("Add", [n["var"], eps.name], [n["var_eps"]]), node("Sqrt", [n["var_eps"]], [n["std"]]),
-             node("Div", [n["centred"], n["std"]], [n["normed"]]), node("Mul", [n["normed"], gamma], [n["scaled"]]),
-             node("Add", [n["scaled"], beta], [out])]
-    return Lowered(nodes, inits)
-
-
 # FusedSkipLayerNorm   ->   Sum(X, Skip, Bias) -> LayerNormalization (opset >= 17; else its decomposition)
 def lower_sum_layernorm(m: Match, ctx: Context) -> Lowered | str:
     """One Sum for the bias and residual Adds, then the LayerNorm ORT runs as its LayerNormalization
     kernel: ORT's SkipLayerNormFusion matches Add, not Sum, so it keeps this form."""
     x, skip, gamma, beta, bias = m.inputs
     total = ctx.fresh("residual_sum")
-    first = node("Sum", [x, skip, bias], [total])
-    if ctx.opset >= 17:
-        ln = node("LayerNormalization", [total, gamma, beta], [m.output], axis=-1, epsilon=float(m.attrs["epsilon"]))
-        return Lowered([first, ln])
-    rest = _decomposed_ln(total, m.output, gamma, beta, float(m.attrs["epsilon"]), ctx)
-    return Lowered([first] + rest.nodes, rest.initializers)
+    ln = lowered_layer_norm(total, m.output, gamma, beta, float(m.attrs["epsilon"]), ctx)
+    return Lowered([node("Sum", [x, skip, bias], [total])] + ln.nodes, ln.initializers)
 
 
 # Priorities (ORT 1.32, CPU): ORT's SkipLayerNormalization kernel takes longer than the Add + Add +
@@ -166,18 +137,10 @@ def _residual_ln(decomposed: bool, skip_shape=(2, 5, 8), x_shape=(2, 5, 8)) -> o
              helper.make_node("Add", ["hb", "skip"], ["s"])]
     consts = {"w": weights([8, 8]), "bias": weights([8], seed=1), "gamma": 1.0 + weights([8], seed=2, scale=0.1),
               "beta": weights([8], seed=3, scale=0.1)}
-    if decomposed:
-        consts.update({"two": np.float32(2.0), "eps": np.float32(1e-12)})
-        nodes += [helper.make_node("ReduceMean", ["s"], ["mean"], axes=[-1]),
-                  helper.make_node("Sub", ["s", "mean"], ["d"]), helper.make_node("Pow", ["d", "two"], ["sq"]),
-                  helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
-                  helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["std"]),
-                  helper.make_node("Div", ["d", "std"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["g"]),
-                  helper.make_node("Add", ["g", "beta"], ["y"])]
-        opset = 14
-    else:
-        nodes.append(helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12))
-        opset = 17
+    opset = 14 if decomposed else 17
+    ln, ln_consts = layer_norm_nodes("s", "y", opset)
+    nodes += ln
+    consts.update(ln_consts)
     return model(nodes, {"x": list(x_shape), "skip": list(skip_shape)}, ["y"], consts, opset=opset)
 
 
