@@ -25,6 +25,7 @@ from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner as tune
 
 from model_fixtures import annotated, external_weight_not_on_disk, ffn_inputs, ffn_matmul_add_relu
+from timing_fixtures import raw_timing
 
 WAIT_S = 120
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -48,8 +49,7 @@ def winning(monkeypatch):
     """Every fusion, and every match fused as a whole, measured twice as fast as ORT."""
     monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (0.5, 1.0))
     monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS))
-    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: (0.5, 1.0, [0.5] * measuring.REPEATS,
-                                                                                   0.0))
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: raw_timing(0.5, 1.0))
 
 
 @pytest.fixture

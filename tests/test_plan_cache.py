@@ -188,3 +188,29 @@ def test_code_digest_is_the_same_in_every_process():
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
                               check=True).stdout.strip() for seed in (0, 1, 2, 3)}
     assert digests == {plan_cache._code_digest()}
+
+
+def test_a_plan_is_read_under_the_key_the_tuning_process_stored_it_under(model_path, monkeypatch):
+    """The serving process reads the plan its tuning process made under that process's key
+    (``planning.prepare(plan_key=)``), not its own: each key holds a digest of ortfuse's sources as
+    its process read them, and a plan missed here is made again in the serving process, parsing and
+    fusing beside served runs."""
+    from ortfuse.runtime import planning
+    from ortfuse.tune.decisions import Decision, Tuning, constants_digester
+
+    model = onnx.load(model_path)
+    _, unconstrained = ortfuse.fuse(model)
+    digest = constants_digester(model)
+    tuning = Tuning({})
+    tuning.decisions = [Decision(m.pattern_id, list(m.nodes), True, "stated", kernel=m.kernel,
+                                 constants=digest(list(m.nodes))) for m in unconstrained.fused]
+    made = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning)
+    key = planning.plan_key(model_path, None, "auto", None)
+    assert made.plan is not None and plan_cache.load(key) is not None
+    monkeypatch.setattr(plan_cache, "_code_digest", lambda: "the serving process read other sources")
+    assert planning.plan_key(model_path, None, "auto", None) != key
+    again = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning)
+    assert again.plan is not None and not _cached(again.report)  # under its own key: a miss, planned again
+    _forbid_parsing(monkeypatch)
+    read = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning, plan_key=key)
+    assert read.plan is not None and read.source == made.source and _cached(read.report)

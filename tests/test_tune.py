@@ -28,6 +28,7 @@ from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner as tune
 
 from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
+from timing_fixtures import raw_timing
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fused vs stock ORT_DISABLE_ALL; the native HardSwish is exact
 
@@ -44,6 +45,13 @@ def per_match(monkeypatch):
     not to win: these tests are about measuring the matches one by one. ``whole_plan_step`` (below)
     puts the real step back."""
     monkeypatch.setattr(measuring, "whole_plan", lambda *a, **k: (None, None))
+
+
+@pytest.fixture(autouse=True)
+def model_check_wins(monkeypatch):
+    """The whole-model check (``measure._time_with_control``) is stated twice as fast as both stock
+    sessions in every pass unless a test states otherwise."""
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: raw_timing(0.5, 1.0))
 
 
 @pytest.fixture
@@ -224,8 +232,10 @@ def _tune_with(monkeypatch, first_look, timed, model_check):
     def with_repeats(pair):  # (fused, ORT) -> what _time_pair returns: also each repeat's ratio
         return pair if len(pair) == 3 else (*pair, [pair[0] / pair[1]] * measuring.REPEATS)
 
-    calls = iter([with_repeats(timed), with_repeats(timed), with_repeats(model_check)])
+    calls = iter([with_repeats(timed), with_repeats(timed)])
     monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: next(calls))
+    check = raw_timing(*with_repeats(model_check))  # every look at the whole model sees the same
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: check)
     return tune.tune(ffn_matmul_add_relu(), force=True)
 
 
@@ -244,9 +254,12 @@ def test_a_win_must_hold_in_every_repeat(monkeypatch):
 
 @pytest.mark.parametrize("model_check, passed", [((0.97, 1.0), True), ((0.99, 1.0), False),
                                                   ((0.9, 1.0, [0.8, 0.9, 1.02]), False)])
-def test_whole_model_must_win_by_the_limit_in_every_repeat(monkeypatch, model_check, passed):
+def test_whole_model_must_win_by_the_limit_in_significantly_many_passes(monkeypatch, model_check, passed):
+    """The third: faster in two repeats' passes, slower in the third's: 2 in 3 passes, however
+    often looked at, is within what chance gives (``ortfuse.tune.judge``)."""
     tuning = _tune_with(monkeypatch, (1.0, 1.0), (0.5, 1.0), model_check)
     assert tuning.model_check["passed"] is passed
+    assert tuning.model_check["aa_ratio"] == 1.0 and "paired_ratio" in tuning.model_check
 
 
 def test_clear_loss_is_not_timed_further(monkeypatch):

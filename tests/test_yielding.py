@@ -265,3 +265,67 @@ def test_stopping_aborts_the_tuning_run_in_flight_and_does_not_run_it_again():
         yielder.abort_locked()
     thread.join(WAIT_S)
     assert not thread.is_alive() and attempts == ["start"] and len(errors) == 1, (attempts, errors)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_the_tuning_children_run_at_idle_priority_from_their_first_instruction(monkeypatch):
+    """A child that lowered its priority only after its imports took cores from served runs
+    meanwhile: both children are started through ``idle_argv``."""
+    import shutil
+
+    from ortfuse.runtime import tune_process
+    from ortfuse.tune import kernel_compile
+
+    probe = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
+    argv = kernel_compile.idle_argv(probe)
+    if shutil.which("chrt") is None:  # the child lowers itself once its imports are done
+        assert argv == probe
+    else:
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=WAIT_S).stdout
+        assert int(out) == os.SCHED_IDLE
+    started: list[list[str]] = []
+
+    def refuse(args, **kwargs):
+        started.append(list(args))
+        raise OSError("refused")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    outcome = tune_process.tune(b"model bytes", None, "auto", None, {"x": np.ones(2, np.float32)}, 1.0, "counts")
+    assert "did not start (refused)" in outcome.error
+    import ortfuse
+
+    from model_fixtures import ffn_matmul_add_relu
+
+    monkeypatch.setattr(kernel_compile, "compile_here", lambda fused: None)
+    fused = ortfuse.fuse(ffn_matmul_add_relu())[0]
+    assert kernel_compile.needs_kernels(fused)
+    assert "did not start (refused)" in kernel_compile.compile_kernels(fused)
+    assert [args[:-1] for args in started] == [
+        kernel_compile.idle_argv([sys.executable, "-m", "ortfuse.runtime.tune_process"]),
+        kernel_compile.idle_argv([sys.executable, "-m", "ortfuse.tune.kernel_compile"])]
+
+
+def test_a_tuning_process_gives_up_only_after_its_patience(tmp_path, monkeypatch):
+    """Disturbed timings in a row end a tuning process's measuring once they are ``MAX_ATTEMPTS``
+    and have lasted ``patience_s`` (a stated clock: each reading 0.1 s later), not after
+    ``MAX_ATTEMPTS`` alone."""
+    monkeypatch.setattr(yielding, "MAX_ATTEMPTS", 3)
+    counts = yielding.SharedCounts(str(tmp_path / "counts"), create=True)
+    ticks = iter(range(10_000))
+    reader = yielding.ProcessYielder(yielding.SharedCounts(counts.path), patience_s=1.0,
+                                     clock=lambda: next(ticks) / 10)
+
+    def disturbed():
+        counts.served()
+        counts.ended()
+
+    with pytest.raises(yielding.Starved, match="no idle window for one timed run in 12 attempts over 1.1 s"):
+        reader.timed(disturbed)
+    assert reader.discarded == 12
+    patient = iter([True] * 7 + [False])  # a clean window after 7 disturbed timings: measured, not starved
+
+    def seven_disturbed():
+        if next(patient):
+            disturbed()
+
+    assert reader.timed(seven_disturbed) >= 0 and reader.discarded == 19

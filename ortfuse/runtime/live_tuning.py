@@ -8,7 +8,8 @@ model on this machine (``planning.Prepared.pending``):
   thread has them tuned (``tuner.tune(sample=...)``, on the most common shape among them) and the
   fused plan made (``planning.prepare`` with those decisions: the plan cache and the tuning cache are
   filled, so the next session on this machine starts fused) by a process of its own
-  (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped),
+  (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped;
+  this process then imports neither the tuner nor the rewriter: their imports hold the GIL),
   opens a new ORT C session on the plan (from a file, ``_as_path``: ORT parses bytes holding the
   GIL), checks its outputs against the serving session's on every recorded feed, and swaps it in;
 - the swap replaces the session's C session under the lock that counts runs in flight: a run holds
@@ -29,7 +30,7 @@ model on this machine (``planning.Prepared.pending``):
   only on undisturbed timings (``ortfuse.tune.yielding``; when served runs leave no idle window long
   enough for one run, the tuning ends with stock ORT and says so). The thread runs at the caller's
   priority: a low-priority thread holding the GIL would keep served runs waiting for it. While it
-  runs, the interpreter's GIL switch interval is ``SWITCH_INTERVAL_S`` (a served run waiting for
+  runs, the interpreter's GIL switch interval is ``yielding.SWITCH_INTERVAL_S`` (a served run waiting for
   the GIL gets it sooner; restored when the last tuning ends). The native kernels the plan needs are
   compiled first, in a child process stopped (SIGSTOP) while a run is in flight
   (``ortfuse.tune.kernel_compile``; numba's compiler runs in long C calls no thread can pause in;
@@ -41,7 +42,8 @@ model on this machine (``planning.Prepared.pending``):
   stock ORT, and ``status`` and ``fusion_report`` say why; a plan with reference (Python-op) kernels
   is not swapped in (the guarded runs those need are chosen per session, not per run).
 ``wait(timeout)`` is True once tuning has ended (or there is nothing to tune). ``tune_with(feeds)``
-starts a tuning on given feeds, in any mode.
+starts a tuning on given feeds, in any mode. ``timeline``: the tuning's steps and when they happened
+(``time.perf_counter()``; ``tools/auto_bench.py`` records them beside served latencies).
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
 SAMPLE_BYTES = 64 << 20  # all recorded feeds together
 DEFAULT_BUDGET_S = 30.0  # measuring's budget (tuner.tune(budget_s=)); matches not reached stay unfused
 HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stops after this many budgets of work
-WALL_STOP = 4.0  # ... and after this many budgets of wall-clock time, pauses for served runs included
-SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while a tuning runs: a served run waits less for the GIL
+# ... and after this many budgets of wall-clock time, pauses for served runs included (the tuning process
+# waits at idle priority and stopped during served runs: a longer wait costs served runs nothing)
+WALL_STOP = 8.0
 IN_CHILD = True  # measure in a process of its own (runtime.tune_process) where it can be stopped (SIGSTOP)
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
@@ -132,6 +135,7 @@ class LiveTuning:
         self._paused = 0.0
         self._t0 = time.perf_counter()
         self._notes: list[str] = []
+        self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
         self._yielder = yielding.Yielder(self._idle, lambda: self._inflight > 0,
                                           lambda: self._stop or self._over_wall(), self._add_pause)
         self._thread: threading.Thread | None = None
@@ -272,19 +276,22 @@ class LiveTuning:
 
     def _main(self) -> None:
         self._t0 = time.perf_counter()
+        self._mark("tuning started")
         self._paused = 0.0
         status = ""
-        _fast_switching(True)
+        yielding.fast_switching(True)
         yielding.install(self._yielder)
         try:
             gate = self._gate()
             sys.setprofile(gate)
             try:
                 prepared = self._tune(gate)
+                self._mark("plan prepared")
                 new = self._build_and_check(prepared)
             finally:
                 sys.setprofile(None)
             status = self._swap(prepared, new)
+            self._mark("swapped" if new is not None else "ended on the current plan")
         except _Stopped as exc:
             status = f"stock ORT: tuning stopped: {exc}"
         except yielding.Starved as exc:
@@ -299,7 +306,7 @@ class LiveTuning:
         finally:
             sys.setprofile(None)
             yielding.install(None)
-            _fast_switching(False)
+            yielding.fast_switching(False)
             self._samples, self._sample_bytes = [], 0
             session = self._session()
             if session is not None and status.startswith("stock ORT: ") and not self._swapped_once():
@@ -313,6 +320,9 @@ class LiveTuning:
                 self._running = False
             self._done.set()
         self._release_when_idle()
+
+    def _mark(self, event: str) -> None:
+        self.timeline.append((event, time.perf_counter()))
 
     def _over_wall(self) -> bool:
         return time.perf_counter() - self._t0 > WALL_STOP * self._budget
@@ -329,6 +339,7 @@ class LiveTuning:
     def _compiling(self, child) -> None:
         """A child process compiling kernels or tuning starts (stopped at once if a run is in flight) or
         ends (None); its time is not this thread's work."""
+        self._mark("child started" if child is not None else "child ended")
         with self._lock:
             self._child = child
             if child is not None and self._inflight:
@@ -373,12 +384,14 @@ class LiveTuning:
     def _tune(self, gate):
         """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT): measured in a process
         of its own (``IN_CHILD``, ``runtime.tune_process``), else in this thread."""
-        from ortfuse.runtime import planning
-        from ortfuse.tune import kernel_compile, tuner
+        from ortfuse.tune import kernel_compile
 
         sample = representative(self._samples)
-        if IN_CHILD and kernel_compile.stoppable():
+        if IN_CHILD and kernel_compile.stoppable():  # nothing of onnx or the rewriter imported here
             return self._tune_in_child(sample)
+        from ortfuse.runtime import planning
+        from ortfuse.tune import tuner
+
         model, why_not = planning.load_model(self._source, self._options)
         if model is None:
             raise _Unfit(f"tuning failed: {why_not}")
@@ -433,7 +446,7 @@ class LiveTuning:
                                          auto=True, mode="off")
         else:
             prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns,
-                                        mode="off", tuning=tuning)  # the plan the child stored in the plan cache
+                                        mode="off", tuning=tuning, plan_key=outcome.plan_key)  # the child's plan
         prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds in a process of its own "
                                      f"(shapes {shapes_of(sample)}; {outcome.discarded} timings disturbed by served "
                                      "runs discarded and taken again)")
@@ -450,7 +463,9 @@ class LiveTuning:
             raise _Unfit("the faster plan needs reference (Python-op) kernels, which a live swap does not take; "
                          "a new session uses it")
         new = self._build(session, prepared)
+        self._mark("plan's session built")
         self._check(session._sess, new, [o.name for o in session._outputs_meta])
+        self._mark("plan's outputs checked")
         return new
 
     def _fuse_all(self, model):
@@ -541,24 +556,6 @@ class LiveTuning:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-
-_switching = {"users": 0, "saved": 0.005}
-_switching_lock = threading.Lock()
-
-
-def _fast_switching(on: bool) -> None:
-    """Lower the GIL switch interval while at least one tuning runs; restore it after the last."""
-    with _switching_lock:
-        if on:
-            if _switching["users"] == 0:
-                _switching["saved"] = sys.getswitchinterval()
-                sys.setswitchinterval(min(SWITCH_INTERVAL_S, _switching["saved"]))
-            _switching["users"] += 1
-        else:
-            _switching["users"] -= 1
-            if _switching["users"] == 0:
-                sys.setswitchinterval(_switching["saved"])
 
 
 @contextlib.contextmanager

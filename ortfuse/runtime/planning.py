@@ -141,13 +141,15 @@ def stepped_aside(reason: str, fusion, stacklevel: int = 4, **fields) -> FusionR
     return FusionReport(reason=reason, stepped_aside=True, **fields)
 
 
-def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None = None, tuning=None) -> Prepared:
+def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None = None, tuning=None,
+            plan_key: str | None = None) -> Prepared:
     """The plan for a session, with ortfuse's ops registered on the options when it needs them; when
     the native ops cannot be registered, the same fusions on kernels that need none (warned).
     ``mode``: the tuning mode (default: ``tune_mode(sess_options)``); ``tuning``: decisions to apply
-    (a live tuning's) instead of looking them up."""
+    (a live tuning's) instead of looking them up; ``plan_key``: the plan cache's key to read the
+    plan under (a tuning process's, ``plan_key``) instead of this process's key for the request."""
     mode = mode or tune_mode(sess_options)
-    plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning)
+    plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning, plan_key)
     out = Prepared(source, sess_options, report, plan, auto=used is not None or fusion == "auto", mode=mode)
     if plan is not None and plan.needs_custom_ops:
         options, why_not = with_custom_ops(sess_options, plan.native_ops, python_ops=plan.reference_inputs is not None)
@@ -181,7 +183,15 @@ def plan_fusion(source, sess_options, fusion, fusion_patterns, kernels=None) -> 
     return plan, report
 
 
-def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tuning):
+def plan_key(source, sess_options, fusion, fusion_patterns) -> str | None:
+    """The plan cache's key ``prepare`` stores this request's plan under, in this process (it holds
+    a digest of ortfuse's sources as this process read them)."""
+    from ortfuse.runtime import plan_cache
+
+    return plan_cache.key(source, sess_options, fusion, fusion_patterns, None)
+
+
+def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tuning, key: str | None = None):
     """(plan, report, the tuning auto used or None: not auto, or a plan read from the cache)."""
     if fusion is False:
         return None, FusionReport(reason="fusion=False: the model runs as stock ORT runs it"), None
@@ -196,7 +206,7 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
             return None, FusionReport(reason="model has no fusion metadata and fusion=None: stock ORT"), None
     from ortfuse.runtime import plan_cache
 
-    cache_key = plan_cache.key(source, sess_options, fusion, fusion_patterns, kernels)
+    cache_key = key or plan_cache.key(source, sess_options, fusion, fusion_patterns, kernels)
     entry = plan_cache.load(cache_key)
     if entry is not None:
         return (*_plan_from_cache(entry), None)

@@ -5,7 +5,8 @@ Why a process: measuring parses the model, infers shapes, fuses it and opens doz
 onnx and ORT hold the GIL through those C calls (up to tens of milliseconds each), so a tuning
 thread delays the served runs of its own process however it yields. A child process holds no lock
 the server waits for, and a stopped process (SIGSTOP) takes no core: served runs get the machine.
-Between served runs it runs at the lowest CPU priority (``kernel_compile.background_priority``), so a
+Between served runs it runs at the lowest CPU priority from its first instruction
+(``kernel_compile.idle_argv``: its interpreter start-up and imports included), so a
 request that arrives while it computes wakes the serving thread at once; on a machine busy with other
 work it then measures slowly, and may end on stock ORT (``yielding.Starved``, the wall-clock stop).
 
@@ -14,8 +15,9 @@ Contract:
   ``python -m ortfuse.runtime.tune_process FOLDER`` (this module) and returns its result: the decisions
   (``Tuning``, measured on ``sample``; first those the parsed lookup finds in the cache when
   ``lookup_first``) after the child has also made the plan they give and stored it in the plan cache,
-  so the serving process's ``planning.prepare`` with those decisions reads it without parsing (when
-  the plan is stock ORT, its report: ``stock_report``);
+  so the serving process's ``planning.prepare`` with those decisions reads it without parsing, under
+  the key the child stored it under (``plan_key``: the key holds a digest of ortfuse's sources as
+  each process read them); when the plan is stock ORT, its report: ``stock_report``;
 - ``on_start(process)`` hands the child to the caller, which stops it (SIGSTOP) while a served run
   is in flight and continues it (SIGCONT) when none is, and writes its served runs into ``counts``
   (``yielding.SharedCounts``): the child's timings are kept only when no served run overlapped them
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.tune.kernel_compile import idle_argv
 
 POLL_S = 0.02
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
@@ -60,6 +63,7 @@ class Outcome:
     discarded: int = 0
     error: str = ""
     stock_report: dict | None = None  # the report when the plan is stock ORT (nothing to read from the cache)
+    plan_key: str | None = None  # the plan cache's key the child stored the plan under
 
 
 def _options_spec(sess_options) -> dict:
@@ -104,8 +108,8 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
         errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
         try:
             with open(errors, "wb") as sink:
-                child = subprocess.Popen([sys.executable, "-m", "ortfuse.runtime.tune_process", folder], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink)
+                child = subprocess.Popen(idle_argv([sys.executable, "-m", "ortfuse.runtime.tune_process", folder]),
+                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink)
         except OSError as exc:
             return Outcome(error=f"the tuning process did not start ({exc})")
         on_start(child)
@@ -135,7 +139,7 @@ def _child(folder: str) -> Outcome:
     options = _options_from(request["options"])
     with np.load(os.path.join(folder, "sample.npz")) as data:
         sample = {k: data[k] for k in data.files}
-    yielder = yielding.ProcessYielder(yielding.SharedCounts(request["counts"]))
+    yielder = yielding.ProcessYielder(yielding.SharedCounts(request["counts"]), patience_s=request["budget_s"])
     yielding.install(yielder)
     model, why_not = planning.load_model(source, options)
     if model is None:
@@ -153,7 +157,9 @@ def _child(folder: str) -> Outcome:
     prepared = planning.prepare(source, options, request["fusion"], request["fusion_patterns"], mode="off",
                                 tuning=tuning)
     stock = prepared.report.to_dict() if prepared.plan is None else None
-    return Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock)
+    key = planning.plan_key(source, options, request["fusion"], request["fusion_patterns"])
+    return Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock,
+                   plan_key=key)
 
 
 def main(argv: list[str]) -> int:

@@ -133,16 +133,17 @@ class Tuning:
         if self.model_check:
             c = self.model_check
             note += (f"; whole model {c['fused_ms']:.3f} ms vs stock ORT {c['ort_ms']:.3f} ms "
-                     f"(ratio {c['ratio']:.3f}, {'passed' if c['passed'] else 'failed'})")
+                     f"(ratio {c['ratio']:.3f}, {'passed' if c['passed'] else 'failed'}"
+                     + (f"; {c['paired_ratio']:.3f}x pass by pass, faster in {c['wins']} of {c['passes']} passes "
+                        f"over {c.get('looks', 1)} look(s), two stock sessions {c['aa_ratio']:.3f}x"
+                        if "paired_ratio" in c else "") + ")")
         report.notes.append(note)
         w = self.whole_plan
         if w:
             report.notes.append(f"auto: every match fused did not win as a whole ({w['failure']})" if "failure" in w
                                 else f"auto: every match fused ran {w['ratio']:.3f}x stock ORT as a whole (repeats "
-                                f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; two stock sessions differed by "
-                                f"up to {w.get('aa_noise', 0.0):.3f}; kept as a whole only at "
-                                f"{min(MODEL_LIMIT, 1 - w.get('aa_noise', 0.0)):.2f} or better and below 1 in every "
-                                "repeat); the matches were measured by class and alone")
+                                f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; {_evidence(w)}); the matches were "
+                                "measured by class and alone")
         if self.ranked:
             report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
         if self.failure:
@@ -209,3 +210,15 @@ def constants_digester(model: onnx.ModelProto) -> Callable[[list[str]], str]:
         return constants_digest(ix, [by_name[n] for n in nodes])
 
     return digest
+
+
+def _evidence(check: dict) -> str:
+    """What a whole-plan timing showed and the rule it was judged by (``ortfuse.tune.judge``)."""
+    noise = check.get("aa_noise", 0.0)
+    if "paired_ratio" not in check:  # judged by the repeats' medians
+        return (f"two stock sessions differed by up to {noise:.3f}; kept as a whole only at "
+                f"{min(MODEL_LIMIT, 1 - noise):.2f} or better and below 1 in every repeat")
+    return (f"{check['paired_ratio']:.3f}x pass by pass, faster in {check['wins']} of {check['passes']} passes, "
+            f"{check['needed']} needed; two stock sessions {check['aa_ratio']:.3f}x pass by pass, up to {noise:.3f} "
+            f"apart by repeat; kept as a whole only at {check.get('limit', MODEL_LIMIT):.2f} or better pass by pass, "
+            f"beyond the stock sessions' bias, in significantly many passes, over {check.get('looks', 1)} look(s)")

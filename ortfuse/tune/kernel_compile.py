@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def compile_kernels(fused, on_start: Callable[[subprocess.Popen | None], None] =
         with open(path, "wb") as fh:
             fh.write(fused.SerializeToString())
         try:
-            child = subprocess.Popen([sys.executable, "-m", "ortfuse.tune.kernel_compile", path], env=env,
+            child = subprocess.Popen(idle_argv([sys.executable, "-m", "ortfuse.tune.kernel_compile", path]), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except OSError as exc:
             compile_here(fused)
@@ -102,6 +103,19 @@ def die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def idle_argv(argv: list[str]) -> list[str]:
+    """``argv`` run at ``SCHED_IDLE`` from its first instruction: through util-linux's ``chrt --idle 0``
+    where it exists (Linux), else unchanged (the child then lowers itself with ``background_priority``
+    once its imports are done). A child that starts at the caller's priority competes with served
+    runs for a core through its interpreter start-up and imports, and a request that arrives meanwhile
+    waits for a time slice to wake."""
+    if sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE"):
+        chrt = shutil.which("chrt")
+        if chrt:
+            return [chrt, "--idle", "0", *argv]
+    return list(argv)
 
 
 def background_priority() -> str:

@@ -3,8 +3,8 @@ stock ORT, then the whole model with the kept fusions (docs/ARCHITECTURE.md §8)
 
 The tuner first tries ``whole_plan``: every legal match fused, in the plan a session runs, timed
 against stock ORT as a whole with an A/A control (a second stock session); when that wins
-(``MODEL_LIMIT`` and beyond the control's noise, every repeat) every match is kept and nothing below
-runs. Otherwise ``measure``, per legal match found by ``fuse``:
+(``judge.judge`` at ``MODEL_LIMIT``) every match is kept and nothing below runs. Otherwise
+``measure``, per legal match found by ``fuse``:
 - cut the replaced nodes out into a standalone model, constants as initializers, fed with the very
   tensors they receive in the model (one stock ORT run on sample inputs records them: real shapes,
   real values);
@@ -15,8 +15,8 @@ runs. Otherwise ``measure``, per legal match found by ``fuse``:
   attributes, shapes and constants (values too) are measured once;
 - keep the fusion when ``fused_ms <= (1 - MARGIN) * ort_ms``, it was faster in every repeat, and its
   outputs agree with ORT's.
-Then the whole model with the kept fusions is timed against stock ORT the same way; unless its ratio
-is at most ``MODEL_LIMIT`` and below 1 in every repeat, nothing is kept (the guarantee: ``auto`` is
+Then the whole model with the kept fusions is timed against two stock ORT sessions as the whole plan
+is; unless ``judge.judge`` passes it at ``MODEL_LIMIT``, nothing is kept (the guarantee: ``auto`` is
 never slower than ORT; a fusion that only ties ORT within the noise of this machine is not worth it).
 
 Never raises for a model ORT loads: a failure comes back as decisions not to fuse, with the reason
@@ -50,7 +50,7 @@ from ortfuse.kernels import registry
 from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
 from ortfuse.runtime.reference_runs import run_guarded
 from ortfuse.runtime.session_options import PRECISION_OPTION, measuring_options
-from ortfuse.tune import yielding
+from ortfuse.tune import judge, yielding
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
 
 BUDGET_S = 30.0  # wall time of one measure(): matches not reached by then are left to ORT, unmeasured
@@ -131,12 +131,11 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
 def whole_plan(model, ids, level, threads, sample, key, precision: str = registry.FP32,
                budget_s: float = MODEL_BUDGET_S) -> tuple[Tuning | None, dict | None]:
     """Every legal match fused, in the plan a session runs (``_plan_runner``), checked and timed
-    against two stock ORT sessions on ``sample`` (``_time_with_control``): (a Tuning keeping every
-    match, the check) when it is at most ``MODEL_LIMIT`` of stock ORT in the median, and further
-    below 1 than the two stock sessions strayed from each other (``_limit``), and below 1 in every
-    repeat (a median win at ``MODEL_LIMIT`` with one repeat at 1 or above, or within the control's
-    noise, is timed once more, twice as long, and judged on that look alone); else
-    (None, the check, or None when it could not run). A fused plan's gain often lies between its matches (ORT's
+    against two stock ORT sessions on ``sample`` (``_timed_verdict``): (a Tuning keeping every
+    match, the check) when ``judge.judge`` passes it (faster than stock ORT in significantly many
+    passes, by at least ``MODEL_LIMIT`` in the median pass and beyond the two stock sessions' bias;
+    a median win without that evidence is timed again, the looks pooled, up to ``judge.MAX_LOOKS``);
+    else (None, the check, or None when it could not run). A fused plan's gain often lies between its matches (ORT's
     layout around them, the regions the layout step runs blocked), which no cut-out subgraph shows,
     so the whole plan is judged first; each decision records the kernel its match gets and the
     digest of its constants, as a measured match's does."""
@@ -156,25 +155,18 @@ def whole_plan(model, ids, level, threads, sample, key, precision: str = registr
             return None, {"failure": "the whole plan's outputs differ from stock ORT's on the sample"}
         runs = (lambda: run(sample), lambda: yielding.run_session(stock, sample),
                 lambda: yielding.run_session(control, sample))
-        fused_ms, ort_ms, ratios, noise = _time_with_control(*runs, budget_s)
-        looks = 1
-        if fused_ms <= MODEL_LIMIT * ort_ms and not (fused_ms <= _limit(noise) * ort_ms and max(ratios) < 1):
-            # a win in the median, lost in one repeat or within the control's noise: once more, twice as long
-            fused_ms, ort_ms, ratios, noise = _time_with_control(*runs, 2 * budget_s)
-            looks = 2
+        verdict, looks = _timed_verdict(runs, budget_s)
     except Exception as exc:  # noqa: BLE001 - the matches are then measured one by one
         return None, {"failure": f"the whole plan could not be measured ({_brief(exc)})"}
-    ratio = fused_ms / ort_ms
-    check = {"fused_ms": fused_ms, "ort_ms": ort_ms, "ratio": ratio, "ratios": ratios, "looks": looks,
-             "aa_noise": noise, "passed": ratio <= _limit(noise) and max(ratios) < 1, "fused_ops": len(report.fused),
-             "whole_plan": True}
-    if not check["passed"]:
+    check = {**verdict.as_check(), "looks": looks, "fused_ops": len(report.fused), "whole_plan": True}
+    if not verdict.passed:
         return None, check
     ix = GraphIndex(model, infer_shapes=False)
     by_name = {ix.name_of(n): n for n in ix.graph.node}
+    ratio, ratios = verdict.ratio, verdict.ratios
     why = (f"auto: kept with every match fused: the whole plan ran {ratio:.3f}x stock ORT "
-           f"(repeats {min(ratios):.3f}-{max(ratios):.3f}; two stock sessions differed by up to {noise:.3f}; "
-           f"limit {_limit(noise):.2f})")
+           f"(repeats {min(ratios):.3f}-{max(ratios):.3f}; {verdict.describe()}; {looks} look(s); "
+           f"limit {MODEL_LIMIT:.2f})")
     tuning = Tuning(key, model_check=check)
     tuning.decisions = [Decision(rec.pattern_id, list(rec.nodes), True, why, kernel=rec.kernel,
                                  constants=constants_digest(ix, [by_name[n] for n in rec.nodes]))
@@ -182,31 +174,30 @@ def whole_plan(model, ids, level, threads, sample, key, precision: str = registr
     return tuning, check
 
 
-def _limit(noise: float) -> float:
-    """The ratio a whole plan must reach: ``MODEL_LIMIT``, or lower when the A/A control of the same
-    timing strayed further from 1 (a gain within the noise of two stock sessions is no evidence)."""
-    return min(MODEL_LIMIT, 1.0 - noise)
-
-
-def _time_with_control(fused_run, ort_run, control_run, budget_s: float) -> tuple[float, float, list[float], float]:
-    """As ``_time_pair`` (fused p50, ORT p50, each repeat's fused / ORT ratio), with a second stock ORT
-    session (``control_run``) interleaved as an A/A control: ORT's p50 in each repeat is the mean
-    of both stock sessions' (one session's luck of memory placement is not the baseline), and the
-    last value is the control's largest deviation from the first stock session over the repeats
-    (``|control / ORT - 1|``, this timing's noise floor)."""
+def _time_with_control(fused_run, ort_run, control_run, budget_s: float) -> dict[str, list[list[float]]]:
+    """The protocol's timing (ms per configuration, repeat and pass) of ``fused_run`` against stock ORT
+    (``ort_run``) and a second stock ORT session (``control_run``, the A/A control), interleaved in
+    the same rounds, ``REPEATS`` repeats sized to ``budget_s``."""
     t0 = time.perf_counter()
     fused_run()
     ort_run()
     control_run()
     once = max(time.perf_counter() - t0, 1e-6)
     runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / REPEATS / once)))
-    raw = yielding.measure({"fused": fused_run, "ort": ort_run, "control": control_run}, runs=runs, repeats=REPEATS,
-                           warmup=1)
-    p50 = {k: protocol.p50_per_repeat(v) for k, v in raw.items()}
-    stock = [(a + b) / 2 for a, b in zip(p50["ort"], p50["control"])]
-    ratios = [f / o for f, o in zip(p50["fused"], stock)]
-    noise = max(abs(c / o - 1) for c, o in zip(p50["control"], p50["ort"]))
-    return statistics.median(p50["fused"]), statistics.median(stock), ratios, noise
+    return yielding.measure({"fused": fused_run, "ort": ort_run, "control": control_run}, runs=runs,
+                            repeats=REPEATS, warmup=1)
+
+
+def _timed_verdict(runs: tuple[Callable, Callable, Callable], budget_s: float) -> tuple[judge.Verdict, int]:
+    """(verdict, looks): ``runs`` (fused, stock ORT, control) timed with ``_time_with_control`` and judged
+    by ``judge.judge`` at ``MODEL_LIMIT``; an inconclusive verdict is timed again and judged on all
+    looks pooled, at most ``judge.MAX_LOOKS`` looks."""
+    raw = _time_with_control(*runs, budget_s)
+    verdict, looks = judge.judge(raw, MODEL_LIMIT), 1
+    while verdict.inconclusive and looks < judge.MAX_LOOKS:
+        raw = judge.pooled(raw, _time_with_control(*runs, budget_s))
+        verdict, looks = judge.judge(raw, MODEL_LIMIT), looks + 1
+    return verdict, looks
 
 
 def _plan_runner(model, fused, report, sess_options) -> Callable | None:
@@ -449,17 +440,19 @@ def _time_pair(fused_run, ort_run, budget_s: float) -> tuple[float, float, list[
 
 
 def _check_model(model, ids, tuning: Tuning, level, threads, sample, precision: str = registry.FP32) -> dict:
+    """The whole model with the kept fusions timed against two stock ORT sessions, as ``whole_plan``
+    is (``_timed_verdict``); ``passed`` is the verdict."""
     import onnxruntime as ort
 
-    stock = ort.InferenceSession(model.SerializeToString(), _options(level, threads), providers=CPU)
+    serialized = model.SerializeToString()
+    stock, control = (ort.InferenceSession(serialized, _options(level, threads), providers=CPU) for _ in "ab")
     # a model fuse rewrote runs as a session runs a saved-fused model: no ORT optimizer disabled
     fused, report = _fuse_and_open(model, ids, _options(level, threads, precision), tuning.keep_rule(), precision,
                                    disable=False)
-    fused_ms, ort_ms, ratios = _time_pair(lambda: fused(sample), lambda: yielding.run_session(stock, sample),
-                                        MODEL_BUDGET_S)
-    ratio = fused_ms / ort_ms
-    return {"fused_ms": fused_ms, "ort_ms": ort_ms, "ratio": ratio, "ratios": ratios,
-            "passed": ratio <= MODEL_LIMIT and max(ratios) < 1, "fused_ops": len(report.fused)}
+    runs = (lambda: fused(sample), lambda: yielding.run_session(stock, sample),
+            lambda: yielding.run_session(control, sample))
+    verdict, looks = _timed_verdict(runs, MODEL_BUDGET_S)
+    return {**verdict.as_check(), "looks": looks, "fused_ops": len(report.fused)}
 
 
 @contextlib.contextmanager
