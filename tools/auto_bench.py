@@ -337,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         from ortfuse.bench.output import result_file
 
         target = Path(result_file(args.json, f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"))
+        # compact: a served-traffic run keeps every request's latency, thousands per model
         target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results,
-                                          "pooled": pools}, indent=1))
+                                      "pooled": pools}, separators=(",", ":")))
         print(f"wrote {target}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning")
     judged = pools if pools else results
