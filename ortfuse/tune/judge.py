@@ -8,7 +8,7 @@ statistic of the whole repeat (its p50) moves with how many of those landed in i
 pass, next to each other in time, share the machine's load. So the verdict rests on the passes.
 
 Contract of ``judge(raw, limit)`` (``raw``: ms per configuration, per repeat, per pass, as
-``yielding.measure`` returns; standard library only):
+``yielding.measure`` returns):
 - each pass gives a paired ratio, ``fused / mean(ort, control)`` of that pass, and an A/A ratio,
   ``control / ort``;
 - ``passed`` when (1) the candidate beat that mean in at least ``sign_threshold(n, ALPHA)`` of the n
@@ -32,6 +32,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from ortfuse.bench import protocol
 
 ALPHA = 0.0025  # one look's chance of a sign-test win from noise alone
 MAX_LOOKS = 4  # timings of one plan, pooled, before an inconclusive verdict is a loss
@@ -93,7 +95,7 @@ def judge(raw: Raw, limit: float) -> Verdict:
         for f, o, c in zip(f_rep, o_rep, c_rep):
             paired.append(f / ((o + c) / 2))
             aa.append(c / o)
-    p50 = {k: [statistics.median(rep) for rep in v] for k, v in (("fused", fused), ("ort", ort), ("control", control))}
+    p50 = {k: protocol.p50_per_repeat(v) for k, v in (("fused", fused), ("ort", ort), ("control", control))}
     stock = [(o + c) / 2 for o, c in zip(p50["ort"], p50["control"])]
     ratios = [f / s for f, s in zip(p50["fused"], stock)]
     noise = max(abs(c / o - 1) for c, o in zip(p50["control"], p50["ort"]))
