@@ -12,6 +12,10 @@ fresh processes in the order stock, fused, fused, stock (DESIGN of the house: A 
 medians, the fused/stock ratio of the medians, the fused-minus-stock RSS, and the modules loaded.
 Plan caches live in a temporary ``ORTFUSE_CACHE_DIR``; the ops library is the machine's (``ortfuse
 ops-library``), named with ``ORTFUSE_OPS_LIBRARY`` so the temporary cache does not hide it.
+ortfuse's modules are compiled to bytecode first, as ``pip install`` does for an installed package:
+stock ORT's modules have theirs, and an editable checkout run with ``PYTHONDONTWRITEBYTECODE`` would
+otherwise compile every ortfuse module from source in each process.
+Issue #19's bound, printed per model: fused creation <= 1.3 x stock's + 0.05 s, RSS <= stock's + 15 MB.
 """
 
 from __future__ import annotations
@@ -65,6 +69,26 @@ def _child(path: str, kind: str, threads: int, env: dict) -> dict:
     return {"seconds": float(secs), "rss_mb": float(rss), "numba": bool(int(numba)), "llvmlite": bool(int(llvm))}
 
 
+def compile_bytecode() -> list[str]:
+    """Compile ortfuse's packages to bytecode beside their sources (what an installed wheel has)."""
+    import compileall
+
+    import ortfuse
+    import ortfuse.custom_ops
+
+    folders = [str(Path(m.__file__).resolve().parent) for m in (ortfuse, ortfuse.custom_ops)]
+    for folder in folders:
+        compileall.compile_dir(folder, quiet=1)
+    return folders
+
+
+def within_bound(r: dict) -> bool:
+    """Issue #19's bound on a warm fused process beside stock ORT's."""
+    m = r["median"]
+    return (m["fused"]["seconds"] <= 1.3 * m["stock"]["seconds"] + 0.05
+            and r["rss_extra_mb"] <= 15 and not r["fused_numba_loaded"] and not r["fused_llvmlite_loaded"])
+
+
 def measure(model: str, rounds: int, threads: int, env: dict) -> dict:
     import models
 
@@ -92,24 +116,27 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from ortfuse.custom_ops.aot.library import library_path
 
+    compile_bytecode()
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "ORTFUSE_CACHE_DIR": cache, "ORTFUSE_OPS_LIBRARY": str(library_path())}
         env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "ortfuse" / "numba"))
         results = []
         for model in [m for m in args.models.split(",") if m]:
             r = measure(model, args.rounds, args.threads, env)
+            r["within_bound"] = within_bound(r)
             results.append(r)
             m = r["median"]
             print(f"{model:20s} stock {m['stock']['seconds']:.3f} s {m['stock']['rss_mb']:.0f} MB | fused "
                   f"{m['fused']['seconds']:.3f} s {m['fused']['rss_mb']:.0f} MB | ratio {r['creation_ratio']:.2f}, "
                   f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, "
-                  f"llvmlite {r['fused_llvmlite_loaded']}")
+                  f"llvmlite {r['fused_llvmlite_loaded']}; within #19's bound: {r['within_bound']}")
     if args.json:
         out = Path(args.json)
         if out.is_dir() or args.json.endswith("/"):
             out.mkdir(parents=True, exist_ok=True)
             out = out / f"footprint_bench-{'+'.join(r['model'] for r in results)}-{datetime.date.today()}.json"
-        out.write_text(json.dumps({"tool": "footprint_bench", "settings": vars(args), "results": results}, indent=1))
+        out.write_text(json.dumps({"tool": "footprint_bench", "settings": {**vars(args), "bytecode": "compiled"},
+                                   "results": results}, indent=1))
         print(f"wrote {out}")
     return 0
 

@@ -48,15 +48,9 @@ def disabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """A digest of every ``.py`` file of ``ortfuse.custom_ops`` (what the library is compiled from)."""
-    h = hashlib.sha256()
-    for root, dirs, files in os.walk(_PACKAGE_DIR):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(root, name)
-            h.update(os.path.relpath(path, _PACKAGE_DIR).encode())
-            with open(path, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()
+    from ortfuse.runtime.source_digest import tree_digest
+
+    return tree_digest([_PACKAGE_DIR])
 
 
 def level() -> str:

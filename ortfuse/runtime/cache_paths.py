@@ -1,5 +1,5 @@
 """Where ortfuse keeps what it generates (zoo models, tuning decisions, fused plans, compiled
-kernels): ``$ORTFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ortfuse``, else ``~/.cache/ortfuse``
+kernels, source digests): ``$ORTFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ortfuse``, else ``~/.cache/ortfuse``
 (docs/ARCHITECTURE.md §7). No heavy imports: a session that only reads its plan cache imports no onnx."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ ENV = "ORTFUSE_CACHE_DIR"
 XDG_ENV = "XDG_CACHE_HOME"
 
 # the sub-folder of each cache user
-MODELS, PLANS, TUNING, NUMBA, OPS = "models", "plans", "tuning", "numba", "ops"
+MODELS, PLANS, TUNING, NUMBA, OPS, SOURCES = "models", "plans", "tuning", "numba", "ops", "sources"
 
 
 def cache_dir(sub: str = "") -> Path:

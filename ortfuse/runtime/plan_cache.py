@@ -31,6 +31,7 @@ from ortfuse.kernels import isa, ranking
 from ortfuse.runtime.cache_paths import PLANS, cache_dir
 from ortfuse.runtime.files import write_atomic
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.runtime.source_digest import tree_digest
 from ortfuse.runtime.versions import installed
 
 FORMAT = 1
@@ -53,11 +54,7 @@ def _code_digest() -> str:
     import ortfuse.custom_ops
 
     package = Path(__file__).resolve().parents[1]  # ortfuse/
-    h = hashlib.sha256()
-    for base in sorted({package, Path(ortfuse.custom_ops.__file__).resolve().parent}):  # set order varies
-        for path in sorted(base.rglob("*.py")):
-            h.update(str(path.relative_to(base)).encode())
-            h.update(path.read_bytes())
+    h = hashlib.sha256(tree_digest([package, Path(ortfuse.custom_ops.__file__).resolve().parent]).encode())
     for dist, version in installed(("onnxruntime", "onnxruntime-extensions", "numba", "onnx")).items():
         h.update(f"{dist}={version or 'none'}".encode())
     return h.hexdigest()

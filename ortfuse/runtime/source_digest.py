@@ -1,0 +1,61 @@
+"""A digest of ortfuse's own Python sources, for cache keys (the plan cache, the ops library).
+
+``tree_digest(bases)`` is sha256 over every ``.py`` file under each folder of ``bases`` (folders in
+sorted order; per folder, each file's path relative to it, then its bytes). Reading every byte costs
+a fresh process about 10-20 ms per tree, so the result is memoised in ``<cache>/sources/``, named by
+a digest of the files' relative paths, sizes and modification times (one ``stat`` each): an edited
+file changes its mtime, so the name changes and the content is read again. ``python
+tools/footprint_bench.py`` measures what a fused process pays at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from ortfuse.runtime.cache_paths import SOURCES, cache_dir
+from ortfuse.runtime.files import write_atomic
+
+
+def _python_files(base: Path) -> list[str]:
+    """Relative paths of ``base``'s ``.py`` files, sorted; ``__pycache__`` folders skipped."""
+    found: list[str] = []
+    for root, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found.extend(os.path.relpath(os.path.join(root, f), base) for f in files if f.endswith(".py"))
+    return sorted(found)
+
+
+def _content_digest(trees: list[tuple[Path, list[str]]]) -> str:
+    h = hashlib.sha256()
+    for base, names in trees:
+        for name in names:
+            h.update(name.encode())
+            h.update((base / name).read_bytes())
+    return h.hexdigest()
+
+
+def tree_digest(bases: list[Path]) -> str:
+    """The content digest of the ``.py`` files under ``bases`` (see the module docstring)."""
+    trees = [(base, _python_files(base)) for base in sorted(set(bases))]
+    stamp = hashlib.sha256()
+    for base, names in trees:
+        stamp.update(str(base).encode())
+        for name in names:
+            st = os.stat(base / name)
+            stamp.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    memo = cache_dir(SOURCES) / stamp.hexdigest()[:32]
+    try:
+        known = memo.read_text().strip()
+        if len(known) == 64:
+            return known
+    except OSError:
+        pass
+    digest = _content_digest(trees)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(memo, digest)
+    except OSError:  # a read-only cache: the digest is still right, only not remembered
+        pass
+    return digest
