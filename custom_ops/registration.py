@@ -55,12 +55,15 @@ def native_op_table() -> dict[str, NativeOpDef]:
         return {**_discovered, **_added}
 
 
-def family_op_names() -> frozenset[str]:
-    """The op types the native op families declare (without ops added by ``add_native_op``): what
-    the ahead-of-time ops library holds."""
+def library_op_table(level: str) -> dict[str, NativeOpDef]:
+    """The ops the ahead-of-time ops library of ISA ``level`` holds: the families' ops (not those
+    added by ``add_native_op``) whose ``min_level`` is ``level`` or below."""
+    from ortfuse.kernels.isa import ISA_LEVELS
+
     native_op_table()
     with _lock:
-        return frozenset(_discovered)
+        return {name: op for name, op in _discovered.items()
+                if ISA_LEVELS.index(level) <= ISA_LEVELS.index(op.min_level)}
 
 
 def add_native_op(op: NativeOpDef) -> None:
@@ -178,7 +181,7 @@ def native_node_attrs(op_type: str, attrs: dict) -> dict:
     """The attributes the native kernel of ``op_type`` reads beyond its spec's, made from the match's
     ``attrs`` ({} when it reads none); ValueError when that kernel cannot run the match."""
     lib = _library_ops()
-    if lib is not None:
+    if lib is not None and op_type not in lib.omitted:
         ref = lib.node_attrs.get(op_type, "")
         if not ref:
             return {}
@@ -190,6 +193,7 @@ def native_node_attrs(op_type: str, attrs: dict) -> dict:
 
 def native_op_types() -> frozenset[str]:
     """Op types that have a native kernel in this process: fused ops (``OpSpec.name``) and their
-    native variants (float16, bf16); read from the ops library when it is loaded."""
+    native variants (float16, bf16); read from the ops library when it is loaded (with the ops it
+    omits for their ISA level, which compile in-process when a session asks for them)."""
     lib = _library_ops()
-    return frozenset(lib.ops) if lib is not None else frozenset(native_op_table())
+    return frozenset(lib.ops) | lib.omitted if lib is not None else frozenset(native_op_table())

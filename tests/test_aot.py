@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortfuse.custom_ops.aot import library, toolchain
-from ortfuse.custom_ops.registration import family_op_names, native_op_table, native_op_types
+from ortfuse.custom_ops.registration import library_op_table, native_op_table, native_op_types
 from ortfuse.custom_ops.specs import DOMAIN
 
 
@@ -44,7 +44,9 @@ def _single_op_model(op_type: str, n_inputs: int = 1, **attrs) -> bytes:
 
 def test_library_holds_every_native_op_for_this_level(lib_path):
     lib = library.OpsLibrary(library.Path(lib_path))
-    assert set(lib.ops) == set(family_op_names())
+    assert set(lib.ops) == set(library_op_table(lib.isa))
+    assert lib.omitted == set(library_op_table("amx")) - set(lib.ops)
+    assert lib.omitted <= native_op_types()  # still fused where the CPU has them: compiled in-process
     assert lib.isa == library.level()
     assert all(addr != 0 for addr in lib.ops.values())
     table = native_op_table()
@@ -175,10 +177,22 @@ def test_toolchain_is_found_or_named(monkeypatch):
         toolchain.compiler()
 
 
+def test_an_op_is_built_only_into_libraries_of_its_level_or_above():
+    """The AMX GEMM's tile instructions exist only on AVX-512 CPUs: libraries below hold no copy."""
+    from ortfuse.custom_ops.aot.build import units
+
+    family = set(library_op_table("avx512"))
+    assert "FusedGemmActBf16" in family and set(library_op_table("amx")) == family
+    for level in ("avx2", "generic"):
+        assert set(library_op_table(level)) == family - {"FusedGemmActBf16"}
+        assert not [u for u in units(level) if "gemm_bf16" in u.symbol]
+    assert [u for u in units("avx512") if "gemm_bf16" in u.symbol]
+
+
 def test_build_orders_units_by_the_bytecode_of_their_call_graph():
     from ortfuse.custom_ops.aot.build import compile_cost, units
 
-    costs = {u.symbol: compile_cost(u.fn) for u in units()}
+    costs = {u.symbol: compile_cost(u.fn) for u in units(library.level())}
     chain = next(v for k, v in costs.items() if k.endswith("walk_chain_worker"))
     destroy = next(v for k, v in costs.items() if k.endswith("cb_kernel_destroy"))
     assert chain > 5 * destroy > 0  # the chain worker calls the whole step library

@@ -3,8 +3,9 @@
 Run as its own process with numba targeting the ISA level (``kernels.isa.numba_env``) and an empty
 numba cache (``NUMBA_CACHE_DIR``): ``library.build`` starts it so. Steps (docs/ARCHITECTURE.md §6b):
 
-1. the units: every native op's compute and worker (``registration.native_op_table``) and the shared
-   callbacks of ``native.callbacks.NUMBA_CALLBACKS``, each with a C symbol;
+1. the units: every native op's compute and worker (``registration.library_op_table``: the
+   ops whose instructions the level has) and the shared callbacks of ``native.callbacks.NUMBA_CALLBACKS``,
+   each with a C symbol;
 2. objects: one per unit, compiled by ``--jobs`` worker processes (``objects.build_object`` for the
    level's CPU), each taking the next unit when done;
 3. glue: the records of every op, built by ``native.records.OpRecord`` with tokens for the
@@ -34,17 +35,18 @@ def _symbol(fn) -> str:
     return "ortfuse_fn_" + re.sub(r"\W", "_", f"{fn.__module__.rpartition('.')[2]}_{fn.__qualname__}")
 
 
-def units():
-    """(units, {python function: symbol}) of every native op and shared callback."""
+def units(level: str):
+    """The units of the ops library of ISA ``level``: every op's compute and worker
+    (``registration.library_op_table``) and every shared callback."""
     from ortfuse.custom_ops.aot.objects import Unit
     from ortfuse.custom_ops.native.callbacks import NUMBA_CALLBACKS
     from ortfuse.custom_ops.ort_api import SIG_CREATE_KERNEL_V2, SIG_KERNEL_COMPUTE_V2, SIG_WORKER
-    from ortfuse.custom_ops.registration import native_op_table
+    from ortfuse.custom_ops.registration import library_op_table
 
     found: dict = {}
     for fn, sig in NUMBA_CALLBACKS.values():
         found[fn] = Unit(_symbol(fn), fn, sig, ("arg", 1) if sig == SIG_CREATE_KERNEL_V2 else None)
-    for op in native_op_table().values():
+    for op in library_op_table(level).values():
         found.setdefault(op.compute, Unit(_symbol(op.compute), op.compute, SIG_KERNEL_COMPUTE_V2, ("slot", 0)))
         if op.worker is not None:
             found.setdefault(op.worker, Unit(_symbol(op.worker), op.worker, SIG_WORKER, None))
@@ -54,12 +56,12 @@ def units():
     return list(found.values())
 
 
-def _records(all_units):
-    """The OpRecords of every op, with tokens for functions and the pool; and the tokens."""
+def _records(all_units, level: str):
+    """The OpRecords of the library's ops, with tokens for functions and the pool; and the tokens."""
     from ortfuse.custom_ops.aot.glue import POOL_SYMBOL, Tokens
     from ortfuse.custom_ops.native.callbacks import IR_CALLBACKS, NUMBA_CALLBACKS
     from ortfuse.custom_ops.native.records import OpRecord
-    from ortfuse.custom_ops.registration import native_op_table
+    from ortfuse.custom_ops.registration import library_op_table
 
     tokens = Tokens()
     symbol = {u.fn: u.symbol for u in all_units}
@@ -67,7 +69,7 @@ def _records(all_units):
     callbacks.update({field: tokens.get(symbol[fn]).address for field, (fn, _sig) in NUMBA_CALLBACKS.items()})
     pool = tokens.get(POOL_SYMBOL).address
     records = []
-    for i, op in enumerate(native_op_table().values()):
+    for i, op in enumerate(library_op_table(level).values()):
         worker = tokens.get(symbol[op.worker]) if op.worker is not None else None
         records.append(OpRecord(op, i + 1, pool, callbacks, tokens.get(symbol[op.compute]), worker))
     return records, tokens
@@ -103,7 +105,7 @@ def _compile_unit(job: tuple[int, str, str]) -> list[str]:
 
     index, isa, out = job
     env = numba_env(isa)
-    return build_object([units()[index]], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
+    return build_object([units(isa)[index]], env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], out)
 
 
 def _compile_all(all_units: list, isa: str, workdir: str, jobs: int) -> list[str]:
@@ -133,18 +135,21 @@ def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
     from ortfuse.custom_ops.aot.toolchain import link_shared
     from ortfuse.custom_ops.native.callbacks import IR_CALLBACKS
     from ortfuse.custom_ops.native.threads import DEFAULT_PARALLEL_MIN
+    from ortfuse.custom_ops.registration import library_op_table
     from ortfuse.custom_ops.specs import DOMAIN
+    from ortfuse.kernels.isa import ISA_LEVELS
 
     t0 = time.perf_counter()
-    all_units = units()
-    records, tokens = _records(all_units)
+    all_units = units(isa)
+    records, tokens = _records(all_units, isa)
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortfuse-aot-") as workdir:
         objects = _compile_all(all_units, isa, workdir, jobs)
         t1 = time.perf_counter()
         source = c_source(records, tokens, IR_CALLBACKS, [u.symbol for u in all_units], key=key, isa=isa,
-                          domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN)
+                          domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN,
+                          omitted=tuple(sorted(set(library_op_table(ISA_LEVELS[0])) - set(library_op_table(isa)))))
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
         try:

@@ -84,7 +84,8 @@ def _configured_path() -> Path:
 
 class OpsLibrary:
     """A loaded ops library: ``ops`` maps op type -> address of its ``OrtCustomOp`` record,
-    ``node_attrs`` op type -> where its ``node_attrs`` function lives."""
+    ``node_attrs`` op type -> where its ``node_attrs`` function lives, ``omitted`` the op types a
+    higher ISA level's library holds and this one leaves out (``NativeOpDef.min_level``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -104,6 +105,7 @@ class OpsLibrary:
         self.ops = {self.cdll.ortfuse_aot_name(i).decode(): int(self.cdll.ortfuse_aot_op(i)) for i in count}
         self.node_attrs = {self.cdll.ortfuse_aot_name(i).decode(): self.cdll.ortfuse_aot_node_attrs(i).decode()
                            for i in count}
+        self.omitted = frozenset(n for n in info.get("omitted", "").split(",") if n)
 
     def use_pool(self, pool_address: int) -> None:
         self.cdll.ortfuse_aot_use_pool(pool_address)

@@ -305,12 +305,12 @@ def _gemm_bf16_emulated_worker(args, block):
     gemm_worker(args, block, amx_emulated.configure_tiles, amx_emulated.tile_block, amx_emulated.release_tiles)
 
 
-def _op(name, compute, worker) -> NativeOpDef:
+def _op(name, compute, worker, min_level="generic") -> NativeOpDef:
     return NativeOpDef(name, ("X", "W", "B"), compute, worker,
                        attrs=(AttrDef("activation", "choice", GA_ACT, required=False, choices=NATIVE_GEMM_EPILOGUES,
-                                      max_steps=GEMM_MAX_STEPS),))
+                                      max_steps=GEMM_MAX_STEPS),), min_level=min_level)
 
 
-OP = _op(OP_NAME, _compute_gemm_bf16, _gemm_bf16_worker)
+OP = _op(OP_NAME, _compute_gemm_bf16, _gemm_bf16_worker, min_level="avx512")  # every AMX CPU has AVX-512
 EMULATED_OP = _op(EMULATED_OP_NAME, _compute_gemm_bf16_emulated, _gemm_bf16_emulated_worker)
 NATIVE_OPS = (OP,)  # the family's ops (registration discovers this module)
