@@ -122,5 +122,70 @@ def test_the_process_tunes_beside_served_runs_and_the_session_swaps_without_pars
     assert parsed == [], "the serving process parsed the model"
     if status.startswith("fused"):
         assert any("in a process of its own" in n for n in session.fusion_report.notes), session.fusion_report.notes
+        events = [event for event, _ in session._ortfuse_live.timeline]
+        # the process checked the outputs on every recorded feed; this one only warmed the new session
+        assert "plan's session warmed" in events and "plan's outputs checked" not in events, events
     feeds = ffn_inputs(seed=99)
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+
+
+CHILD_TIMINGS = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from ortfuse.tune import measure as measuring
+from timing_fixtures import raw_timing
+measuring._best_of = lambda f, o, n: (0.5, 1.0)
+measuring._time_pair = lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS)
+measuring._time_with_control = lambda f, o, c, budget: raw_timing(0.5, 1.0)
+if os.environ.get("ORTFUSE_TEST_OUTPUTS_DIFFER"):
+    from ortfuse.runtime import output_check
+    output_check.differing_output = lambda names, want, got, bf16: names[0]
+"""
+
+
+@pytest.fixture
+def child_wins(tmp_path, monkeypatch):
+    """Tuning processes started by this test measure every fusion twice as fast as ORT (stated
+    timings, installed by a ``sitecustomize`` on their path)."""
+    import os
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CHILD_TIMINGS.format(tests=os.path.dirname(__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+
+
+def _served_until_tuned(session, model) -> None:
+    for i in range(live_tuning.SAMPLE_RUNS):
+        feeds = ffn_inputs(seed=i)
+        np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+    assert session.wait_tuned(WAIT_S), session.fusion_status
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+def test_the_process_checks_the_plan_and_the_serving_process_only_warms_it(child_wins):
+    """The tuning process runs the plan beside stock ORT on every recorded feed; the serving process
+    builds the new C session, warms it with one run and swaps, with no stock runs of its own."""
+    model = ffn_matmul_add_relu()
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    _served_until_tuned(session, model)
+    assert session.fusion_status.startswith("fused since run "), session.fusion_status
+    events = [event for event, _ in session._ortfuse_live.timeline]
+    assert "plan's session warmed" in events and "plan's outputs checked" not in events, events
+    feeds = ffn_inputs(seed=42)
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+def test_outputs_the_process_finds_different_keep_stock_ort_and_say_why(child_wins, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_TEST_OUTPUTS_DIFFER", "1")
+    model = ffn_matmul_add_relu()
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    _served_until_tuned(session, model)
+    status = session.fusion_status
+    assert status.startswith("stock ORT: the fused plan's output ") and "on served feed 1" in status, status
+    assert not session.fusion_report.applied
+    feeds = ffn_inputs(seed=43)
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)

@@ -1,9 +1,11 @@
-"""Writing a file so that readers see the old content or the new one, never a partial write."""
+"""Files ortfuse writes: atomically (readers see the old content or the new one, never a partial
+write), and models handed to ORT as a path."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -23,3 +25,19 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def model_file(source: str | bytes):
+    """A file path ORT can load ``source`` from: the path itself, or the bytes written to a temporary
+    file (removed after). ORT parses a model handed over as bytes while holding the GIL, for tens
+    of milliseconds on a few-MB model, which served runs of this process would wait for; it reads a
+    path with the GIL released (``tools/swap_gil_probe.py`` measures both)."""
+    if isinstance(source, str):
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="ortfuse-swap-") as folder:
+        path = os.path.join(folder, "plan.onnx")
+        with open(path, "wb") as fh:
+            fh.write(source)
+        yield path

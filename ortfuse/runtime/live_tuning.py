@@ -10,8 +10,10 @@ model on this machine (``planning.Prepared.pending``):
   filled, so the next session on this machine starts fused) by a process of its own
   (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped;
   this process then imports neither the tuner nor the rewriter: their imports hold the GIL),
-  opens a new ORT C session on the plan (from a file, ``_as_path``: ORT parses bytes holding the
-  GIL), checks its outputs against the serving session's on every recorded feed, and swaps it in;
+  opens a new ORT C session on the plan (from a file, ``files.model_file``: ORT parses bytes holding the
+  GIL), checks its outputs against stock ORT's on every recorded feed (``runtime.output_check``; the
+  tuning process checks them beside its stock session, so this process only warms the new session
+  with one run; the thread checks against the serving session), and swaps it in;
 - the swap replaces the session's C session under the lock that counts runs in flight: a run holds
   the C session it started on until it returns (a replaced one is released when no run is in flight,
   never on an ORT thread), later runs use the new one; no run fails or mixes plans;
@@ -60,9 +62,10 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 from ortfuse.fusion.report import FusionReport
+from ortfuse.runtime.files import model_file
+from ortfuse.runtime.messages import one_sentence
+from ortfuse.runtime.output_check import check_plan
 from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
 from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.tune import yielding
@@ -77,9 +80,6 @@ WALL_STOP = 8.0
 IN_CHILD = True  # measure in a process of its own (runtime.tune_process) where it can be stopped (SIGSTOP)
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
-# the fused plan against the serving one on the recorded feeds, whole model: |diff| <= atol * max(1, max|ref|)
-CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
-BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-4, 2.0**-5
 
 _live: weakref.WeakSet = weakref.WeakSet()  # tunings with a thread, stopped at interpreter exit
 
@@ -135,6 +135,7 @@ class LiveTuning:
         self._paused = 0.0
         self._t0 = time.perf_counter()
         self._notes: list[str] = []
+        self._checked_in_child = False  # the tuning process checked the plan's outputs on every recorded feed
         self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
         self._yielder = yielding.Yielder(self._idle, lambda: self._inflight > 0,
                                           lambda: self._stop or self._over_wall(), self._add_pause)
@@ -300,8 +301,6 @@ class LiveTuning:
         except _Unfit as exc:
             status = f"stock ORT: {exc}"
         except Exception as exc:  # the session keeps serving the plan it has
-            from ortfuse.tune.tuner import one_sentence
-
             status = f"stock ORT: tuning failed: {one_sentence(exc)}"
         finally:
             sys.setprofile(None)
@@ -387,6 +386,7 @@ class LiveTuning:
         from ortfuse.tune import kernel_compile
 
         sample = representative(self._samples)
+        self._checked_in_child = False
         if IN_CHILD and kernel_compile.stoppable():  # nothing of onnx or the rewriter imported here
             return self._tune_in_child(sample)
         from ortfuse.runtime import planning
@@ -429,6 +429,7 @@ class LiveTuning:
                 self._counts = yielding.SharedCounts(os.path.join(folder, "counts"), create=True)
             outcome = tune_process.tune(self._source, self._options, self._fusion, self._fusion_patterns, sample,
                                         self._budget, self._counts.path, lookup_first=self._deferred,
+                                        check_feeds=self._samples,
                                         on_start=self._compiling, stopped=lambda: self._stop or self._over_wall())
         finally:
             with self._lock:
@@ -439,6 +440,9 @@ class LiveTuning:
         self._starved_check()
         if outcome.tuning is None:
             raise _Unfit(outcome.error)
+        if outcome.check_error:
+            raise _Unfit(outcome.check_error)
+        self._checked_in_child = outcome.checked_feeds == len(self._samples)
         tuning = Tuning.from_dict(outcome.tuning, outcome.path)
         tuning.from_cache = outcome.from_cache
         if outcome.stock_report is not None:  # nothing kept: no plan to read, nothing to parse here
@@ -464,8 +468,13 @@ class LiveTuning:
                          "a new session uses it")
         new = self._build(session, prepared)
         self._mark("plan's session built")
-        self._check(session._sess, new, [o.name for o in session._outputs_meta])
-        self._mark("plan's outputs checked")
+        names = [o.name for o in session._outputs_meta]
+        if self._checked_in_child:
+            self._warm(new, names)
+            self._mark("plan's session warmed")
+        else:
+            self._check(session._sess, new, names)
+            self._mark("plan's outputs checked")
         return new
 
     def _fuse_all(self, model):
@@ -484,7 +493,7 @@ class LiveTuning:
         providers, provider_options = check_and_normalize_provider_args(
             names, [dict(given.get(n, {})) for n in names], C.get_available_providers())
         options = prepared.sess_options if prepared.sess_options is not None else C.get_default_session_options()
-        with _as_path(prepared.source) as path:
+        with model_file(prepared.source) as path:
             sess = C.InferenceSession(options, path, True, session._read_config_from_model)
             sess.initialize_session(providers, provider_options, self._disabled | prepared.disabled_optimizers)
         return sess
@@ -492,24 +501,20 @@ class LiveTuning:
     def _check(self, serving, fused, names: list[str]) -> None:
         """The fused C session computes what the serving one does on every recorded feed."""
         bf16 = config_entry(self._options, PRECISION_OPTION).lower() == "bf16"
-        rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if bf16 else (CHECK_RTOL, CHECK_ATOL)
-        for i, feed in enumerate(self._samples):
-            want = yielding.run(lambda options, feed=feed: serving.run(names, feed, options))
-            try:
-                got = yielding.run(lambda options, feed=feed: fused.run(names, feed, options))
-            except Exception as exc:
-                from ortfuse.tune.tuner import one_sentence
+        why = check_plan(lambda feed: yielding.run(lambda options: serving.run(names, feed, options)),
+                         lambda feed: yielding.run(lambda options: fused.run(names, feed, options)),
+                         self._samples, names, bf16)
+        if why:
+            raise _Unfit(why)
 
-                raise _Unfit(f"the fused plan failed on served feed {i + 1} ({one_sentence(exc)}); kept "
-                             "stock ORT") from exc
-            for name, w, g in zip(names, want, got):
-                if not isinstance(w, np.ndarray):
-                    continue
-                scale = float(np.abs(w).max()) if w.size and w.dtype.kind in "fc" else 1.0
-                if w.shape != np.shape(g) or not np.allclose(g, w, rtol=rtol, atol=atol * max(1.0, scale),
-                                                             equal_nan=True):
-                    raise _Unfit(f"the fused plan's output {name!r} differs from stock ORT's on served feed {i + 1} "
-                                 f"beyond rtol {rtol:g}; kept stock ORT (run `ortfuse verify`)")
+    def _warm(self, fused, names: list[str]) -> None:
+        """One run of the checked plan's new C session on a recorded feed, yielding to served runs:
+        its first run's allocations land here, not on the first served run after the swap."""
+        try:
+            yielding.run(lambda options: fused.run(names, self._samples[0], options))
+        except Exception as exc:
+            raise _Unfit(f"the fused plan failed on served feed 1 in this process ({one_sentence(exc)}); "
+                         "kept stock ORT") from exc
 
     def _swap(self, prepared, new) -> str:
         """Swap the checked C session ``new`` in (None: stay on stock ORT); the status to show."""
@@ -556,22 +561,6 @@ class LiveTuning:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-
-@contextlib.contextmanager
-def _as_path(source: str | bytes):
-    """A file path ORT can load ``source`` from: the path itself, or the bytes written to a temporary
-    file (removed after). ORT parses a model handed over as bytes while holding the GIL, for tens
-    of milliseconds on a few-MB model, which served runs of this process would wait for; it reads a
-    path with the GIL released (``tools/swap_gil_probe.py`` measures both)."""
-    if isinstance(source, str):
-        yield source
-        return
-    with tempfile.TemporaryDirectory(prefix="ortfuse-swap-") as folder:
-        path = os.path.join(folder, "plan.onnx")
-        with open(path, "wb") as fh:
-            fh.write(source)
-        yield path
 
 
 def _signal(process, name: str) -> None:

@@ -25,6 +25,7 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
+from ortfuse.runtime.messages import one_sentence
 from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
 from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry, tune_mode
 
@@ -383,7 +384,7 @@ def auto_tuning(model: onnx.ModelProto, patterns, sess_options, mode: str):
         return tune.tune(model, patterns, sess_options, measure=False, any_shapes=True)
     except Exception as exc:  # a bug in tuning must not stop a model ORT runs
         failed = Tuning({}, measured=False)
-        failed.failure = tune.one_sentence(exc)
+        failed.failure = one_sentence(exc)
         return failed
 
 

@@ -18,6 +18,10 @@ Contract:
   so the serving process's ``planning.prepare`` with those decisions reads it without parsing, under
   the key the child stored it under (``plan_key``: the key holds a digest of ortfuse's sources as
   each process read them); when the plan is stock ORT, its report: ``stock_report``;
+- with ``check_feeds`` (the served feeds recorded), the child also runs the plan and stock ORT on
+  each of them (``runtime.output_check.check_plan``, its runs waiting while a served run is in
+  flight): ``checked_feeds`` says how many passed, ``check_error`` why the plan is not swapped in.
+  The serving process then needs no stock runs of its own beside served ones;
 - ``on_start(process)`` hands the child to the caller, which stops it (SIGSTOP) while a served run
   is in flight and continues it (SIGCONT) when none is, and writes its served runs into ``counts``
   (``yielding.SharedCounts``): the child's timings are kept only when no served run overlapped them
@@ -39,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +68,8 @@ class Outcome:
     error: str = ""
     stock_report: dict | None = None  # the report when the plan is stock ORT (nothing to read from the cache)
     plan_key: str | None = None  # the plan cache's key the child stored the plan under
+    checked_feeds: int = 0  # recorded feeds on which the plan's outputs equal stock ORT's
+    check_error: str = ""  # why the plan's outputs are not stock ORT's ("" when they are)
 
 
 def _options_spec(sess_options) -> dict:
@@ -87,7 +93,7 @@ def _options_from(spec: dict):
 
 
 def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Mapping[str, np.ndarray],
-         budget_s: float, counts_path: str, *, lookup_first: bool = False,
+         budget_s: float, counts_path: str, *, lookup_first: bool = False, check_feeds: Sequence[Mapping] = (),
          on_start: Callable[[subprocess.Popen | None], None] = lambda p: None,
          stopped: Callable[[], bool] = lambda: False) -> Outcome:
     """See the module docstring."""
@@ -105,6 +111,8 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
         Path(folder, "request.json").write_text(json.dumps(request))
         arrays: dict[str, Any] = dict(sample)
         np.savez(os.path.join(folder, "sample.npz"), **arrays)
+        for i, feed in enumerate(check_feeds):
+            np.savez(os.path.join(folder, f"check{i}.npz"), **dict(feed))
         errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
         try:
             with open(errors, "wb") as sink:
@@ -158,8 +166,39 @@ def _child(folder: str) -> Outcome:
                                 tuning=tuning)
     stock = prepared.report.to_dict() if prepared.plan is None else None
     key = planning.plan_key(source, options, request["fusion"], request["fusion_patterns"])
-    return Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock,
-                   plan_key=key)
+    outcome = Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock,
+                      plan_key=key)
+    feeds = _check_feeds(folder)
+    if prepared.plan is not None and feeds:
+        outcome.check_error = _check(source, options, prepared, feeds)
+        outcome.checked_feeds = 0 if outcome.check_error else len(feeds)
+    return outcome
+
+
+def _check_feeds(folder: str) -> list[dict]:
+    feeds: list[dict] = []
+    while os.path.exists(path := os.path.join(folder, f"check{len(feeds)}.npz")):
+        with np.load(path) as data:
+            feeds.append({k: data[k] for k in data.files})
+    return feeds
+
+
+def _check(source, options, prepared, feeds: list[dict]) -> str:
+    """``output_check.check_plan`` of the plan's session against a stock ORT session with the same
+    options, each run waiting while a served run is in flight."""
+    import onnxruntime as ort
+
+    from ortfuse.runtime.output_check import check_plan
+    from ortfuse.tune import yielding
+
+    cpu = ["CPUExecutionProvider"]
+    stock = ort.InferenceSession(source, options, providers=cpu)
+    fused = ort.InferenceSession(prepared.source, prepared.sess_options, providers=cpu,
+                                 disabled_optimizers=sorted(prepared.disabled_optimizers) or None)
+    names = [o.name for o in stock.get_outputs()]
+    bf16 = config_entry(options, PRECISION_OPTION).lower() == "bf16"
+    return check_plan(lambda feed: yielding.run(lambda o: stock.run(names, feed, o)),
+                      lambda feed: yielding.run(lambda o: fused.run(names, feed, o)), feeds, names, bf16)
 
 
 def main(argv: list[str]) -> int:

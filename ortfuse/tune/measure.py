@@ -48,6 +48,7 @@ from ortfuse.fusion.rewrite import fuse
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import registry
 from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
+from ortfuse.runtime.output_check import differing_output
 from ortfuse.runtime.reference_runs import run_guarded
 from ortfuse.runtime.session_options import PRECISION_OPTION, measuring_options
 from ortfuse.tune import judge, yielding
@@ -218,16 +219,9 @@ def _plan_runner(model, fused, report, sess_options) -> Callable | None:
 
 
 def _outputs_agree(expected, got, precision: str) -> bool:
-    """Whole-model outputs within the live swap's tolerance: |got - expected| <= rtol |expected| +
-    atol max(1, max|expected|)."""
-    rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if precision == registry.BF16 else (CHECK_RTOL, CHECK_ATOL)
-    for e, g in zip(expected, got):
-        if not isinstance(e, np.ndarray):
-            continue
-        scale = float(np.abs(e).max()) if e.size and e.dtype.kind in "fc" else 1.0
-        if e.shape != np.shape(g) or not np.allclose(g, e, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True):
-            return False
-    return True
+    """Whole-model outputs within the live swap's tolerance (``runtime.output_check``)."""
+    names = [str(i) for i in range(len(expected))]
+    return differing_output(names, expected, got, precision == registry.BF16) is None
 
 
 def _decide_match(model, rec, cut: _Cut, constants: str, captured: dict, measured: dict[str, Decision], level,

@@ -33,6 +33,7 @@ from ortfuse.ir.model_args import parse_dims
 from ortfuse.kernels import isa, ranking, registry
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.messages import one_sentence
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
 from ortfuse.tune import lookup
 from ortfuse.tune import measure as measuring
@@ -168,13 +169,6 @@ def _enable_all():
 def _failed(tuning: Tuning, reason: str) -> Tuning:
     tuning.failure = reason
     return tuning
-
-
-def one_sentence(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message, at most 300 characters."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def embed(model: onnx.ModelProto, tuning: Tuning) -> None:

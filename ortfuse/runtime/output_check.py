@@ -1,0 +1,45 @@
+"""A tuned plan's outputs against stock ORT's on the recorded feeds, before a live swap
+(docs/ARCHITECTURE.md §7). Per output: same shape, and ``|got - want| <= atol * max(1, max|want|) +
+rtol * |want|`` elementwise (NaN where stock has NaN); float32 ``CHECK_*``, under the bf16 precision
+opt-in ``BF16_CHECK_*``. Non-tensor outputs (sequences, maps) are not compared."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ortfuse.runtime.messages import one_sentence
+
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
+BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-4, 2.0**-5
+
+
+def differing_output(names: Sequence[str], want: Sequence, got: Sequence, bf16: bool) -> str | None:
+    """The name of the first output of ``got`` outside the tolerance of ``want``'s, or None."""
+    rtol, atol = (BF16_CHECK_RTOL, BF16_CHECK_ATOL) if bf16 else (CHECK_RTOL, CHECK_ATOL)
+    for name, w, g in zip(names, want, got):
+        if not isinstance(w, np.ndarray):
+            continue
+        scale = float(np.abs(w).max()) if w.size and w.dtype.kind in "fc" else 1.0
+        if w.shape != np.shape(g) or not np.allclose(g, w, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True):
+            return name
+    return None
+
+
+def check_plan(stock: Callable[[dict], Sequence], fused: Callable[[dict], Sequence], feeds: Sequence[dict],
+               names: Sequence[str], bf16: bool) -> str:
+    """"" when ``fused(feed)`` computes what ``stock(feed)`` does on every feed, else one sentence
+    saying which served feed failed or differed (stock ORT is kept)."""
+    rtol = BF16_CHECK_RTOL if bf16 else CHECK_RTOL
+    for i, feed in enumerate(feeds):
+        want = stock(feed)
+        try:
+            got = fused(feed)
+        except Exception as exc:
+            return f"the fused plan failed on served feed {i + 1} ({one_sentence(exc)}); kept stock ORT"
+        name = differing_output(names, want, got, bf16)
+        if name is not None:
+            return (f"the fused plan's output {name!r} differs from stock ORT's on served feed {i + 1} beyond rtol "
+                    f"{rtol:g}; kept stock ORT (run `ortfuse verify`)")
+    return ""
