@@ -61,3 +61,17 @@ def test_a_read_only_cache_still_gives_the_digest(tmp_path, monkeypatch):
     pkg = _tree(tmp_path)
     assert source_digest.tree_digest([pkg]) == source_digest._content_digest(
         [(pkg, source_digest._python_files(pkg))])
+
+
+def test_the_memo_folder_keeps_the_newest(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(source_digest, "KEEP", 3)
+    pkg = _tree(tmp_path)
+    digests = []
+    for i in range(5):  # five states of the sources, five memos written
+        (pkg / "a.py").write_text(f"x = {i}\n")
+        os.utime(pkg / "a.py", ns=(i * 10**9, (i + 1) * 10**9))
+        digests.append(source_digest.tree_digest([pkg]))
+    memos = list((tmp_path / "cache" / "sources").iterdir())
+    assert len(memos) == 3 and len(set(digests)) == 5
+    assert digests[-1] in {m.read_text() for m in memos}

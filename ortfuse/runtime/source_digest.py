@@ -4,8 +4,9 @@
 sorted order; per folder, each file's path relative to it, then its bytes). Reading every byte costs
 a fresh process about 10-20 ms per tree, so the result is memoised in ``<cache>/sources/``, named by
 a digest of the files' relative paths, sizes and modification times (one ``stat`` each): an edited
-file changes its mtime, so the name changes and the content is read again. ``python
-tools/footprint_bench.py`` measures what a fused process pays at start-up.
+file changes its mtime, so the name changes and the content is read again. The folder keeps the
+newest ``KEEP`` memos. ``python tools/footprint_bench.py`` measures what a fused process pays at
+start-up.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from ortfuse.runtime.cache_paths import SOURCES, cache_dir
 from ortfuse.runtime.files import write_atomic
+
+KEEP = 32  # memos kept: one per state of the sources (an edited checkout makes a new one per edit)
 
 
 def _python_files(base: Path) -> list[str]:
@@ -56,6 +59,14 @@ def tree_digest(bases: list[Path]) -> str:
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(memo, digest)
+        _trim(memo.parent)
     except OSError:  # a read-only cache: the digest is still right, only not remembered
         pass
     return digest
+
+
+def _trim(folder: Path) -> None:
+    """Remove all but the ``KEEP`` newest memos (another process may remove one first)."""
+    memos = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in memos[KEEP:]:
+        old.unlink(missing_ok=True)
