@@ -140,6 +140,9 @@ measuring._time_with_control = lambda f, o, c, budget: raw_timing(0.5, 1.0)
 if os.environ.get("ORTFUSE_TEST_OUTPUTS_DIFFER"):
     from ortfuse.runtime import output_check
     output_check.differing_output = lambda names, want, got, bf16: names[0]
+if os.environ.get("ORTFUSE_TEST_NOT_FINAL"):  # as when the budget ran out: the plan is not cached
+    from ortfuse.tune import decisions
+    decisions.Tuning.cacheable = property(lambda self: False)
 """
 
 
@@ -189,3 +192,31 @@ def test_outputs_the_process_finds_different_keep_stock_ort_and_say_why(child_wi
     assert not session.fusion_report.applied
     feeds = ffn_inputs(seed=43)
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+def test_a_plan_the_process_cannot_cache_is_handed_over_not_made_again_here(child_wins, monkeypatch):
+    """Decisions that are not final (a spent budget) are not cached, so the plan is not either: the
+    tuning process hands the plan's file over, and the serving process neither parses nor fuses
+    the model (that took seconds of the GIL beside served runs); the file goes with the session."""
+    import gc
+    import os
+
+    monkeypatch.setenv("ORTFUSE_TEST_NOT_FINAL", "1")
+    parsed: list = []
+    real_load = planning.load_for_fusion
+    monkeypatch.setattr(planning, "load_for_fusion", lambda *a: (parsed.append(a), real_load(*a))[1])
+    model = ffn_matmul_add_relu()
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    _served_until_tuned(session, model)
+    assert session.fusion_status.startswith("fused since run "), session.fusion_status
+    assert parsed == [], "the serving process parsed the model"
+    assert any("handed over" in n for n in session.fusion_report.notes), session.fusion_report.notes
+    plan_file = session._model_path
+    assert plan_file and os.path.exists(plan_file)
+    feeds = ffn_inputs(seed=44)
+    np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
+    del session
+    gc.collect()
+    assert not os.path.exists(plan_file), "the handed-over plan file outlived its session"

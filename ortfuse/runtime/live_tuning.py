@@ -136,6 +136,7 @@ class LiveTuning:
         self._t0 = time.perf_counter()
         self._notes: list[str] = []
         self._checked_in_child = False  # the tuning process checked the plan's outputs on every recorded feed
+        self._plan_file = ""  # a plan file the tuning process handed over (tune_process.Outcome.plan_file)
         self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
         self._yielder = yielding.Yielder(self._idle, lambda: self._inflight > 0,
                                           lambda: self._stop or self._over_wall(), self._add_pause)
@@ -307,6 +308,9 @@ class LiveTuning:
             yielding.install(None)
             yielding.fast_switching(False)
             self._samples, self._sample_bytes = [], 0
+            if self._plan_file:  # handed over but not swapped in
+                _remove(self._plan_file)
+                self._plan_file = ""
             session = self._session()
             if session is not None and status.startswith("stock ORT: ") and not self._swapped_once():
                 why = status[len("stock ORT: "):]
@@ -437,6 +441,7 @@ class LiveTuning:
             shutil.rmtree(folder, ignore_errors=True)
         if self._stop:
             raise _Stopped("the session was closed")
+        self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
         self._starved_check()
         if outcome.tuning is None:
             raise _Unfit(outcome.error)
@@ -448,6 +453,9 @@ class LiveTuning:
         if outcome.stock_report is not None:  # nothing kept: no plan to read, nothing to parse here
             prepared = planning.Prepared(self._source, self._options, FusionReport.from_dict(outcome.stock_report),
                                          auto=True, mode="off")
+        elif outcome.handed is not None:  # not cached (decisions not final): the child's plan as it is
+            prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns,
+                                        mode="off", handed={**outcome.handed, "model_path": outcome.plan_file})
         else:
             prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns,
                                         mode="off", tuning=tuning, plan_key=outcome.plan_key)  # the child's plan
@@ -536,6 +544,9 @@ class LiveTuning:
             self._swapped_at = self._runs + 1
             prepared.report.notes.append(f"auto: swapped in from served run {self._swapped_at}")
             session.fusion_report = prepared.report
+            if self._plan_file:  # the session's model path from now on (ORT re-reads it on set_providers)
+                weakref.finalize(session, _remove, self._plan_file)
+                self._plan_file = ""
         report = session.fusion_report
         return f"fused since run {self._swapped_at}: {len(report.fused)} of {len(report.matches)} matches kept"
 
@@ -561,6 +572,11 @@ class LiveTuning:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _signal(process, name: str) -> None:

@@ -143,14 +143,21 @@ def stepped_aside(reason: str, fusion, stacklevel: int = 4, **fields) -> FusionR
 
 
 def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None = None, tuning=None,
-            plan_key: str | None = None) -> Prepared:
+            plan_key: str | None = None, handed: dict | None = None) -> Prepared:
     """The plan for a session, with ortfuse's ops registered on the options when it needs them; when
     the native ops cannot be registered, the same fusions on kernels that need none (warned).
     ``mode``: the tuning mode (default: ``tune_mode(sess_options)``); ``tuning``: decisions to apply
     (a live tuning's) instead of looking them up; ``plan_key``: the plan cache's key to read the
-    plan under (a tuning process's, ``plan_key``) instead of this process's key for the request."""
+    plan under (a tuning process's, ``plan_key``) instead of this process's key for the request;
+    ``handed``: a plan a tuning process made and could not cache (``plan_entry``'s fields and the
+    fused model's ``model_path``), used as it is: this process parses nothing."""
     mode = mode or tune_mode(sess_options)
-    plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning, plan_key)
+    if handed is not None:
+        plan, report = _plan_from_entry({**handed, "applied": True}, "plan made by the tuning process and handed "
+                                        "over (not cached: its decisions are not final)")
+        used = None
+    else:
+        plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning, plan_key)
     out = Prepared(source, sess_options, report, plan, auto=used is not None or fusion == "auto", mode=mode)
     if plan is not None and plan.needs_custom_ops:
         options, why_not = with_custom_ops(sess_options, plan.native_ops, python_ops=plan.reference_inputs is not None)
@@ -219,11 +226,7 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
             return None, deferred, Tuning({}, measured=False)
     plan, report, depends, used = _plan_uncached(source, sess_options, fusion, explicit, kernels, mode, tuning)
     if depends is not None and not report.stepped_aside:
-        entry = {"report": report.to_dict(),
-                 "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
-                 "needs_custom_ops": bool(plan and plan.needs_custom_ops),
-                 "native_ops": sorted(plan.native_ops) if plan else [],
-                 "reference_inputs": _sorted_or_none(plan.reference_inputs if plan else None)}
+        entry = plan_entry(plan, report)
         stored = plan_cache.store(cache_key, entry, plan.source if plan and isinstance(plan.source, bytes) else None,
                                   depends)
         if stored and plan is not None:  # ORT reads the fused model from that file: no copy stays in memory
@@ -231,9 +234,25 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
     return plan, report, used
 
 
+def plan_entry(plan: Plan | None, report: FusionReport) -> dict:
+    """What a plan cache entry holds besides the fused model (``_plan_from_entry`` reads it back)."""
+    return {"report": report.to_dict(),
+            "disabled_optimizers": sorted(plan.disabled_optimizers) if plan else [],
+            "needs_custom_ops": bool(plan and plan.needs_custom_ops),
+            "native_ops": sorted(plan.native_ops) if plan else [],
+            "reference_inputs": _sorted_or_none(plan.reference_inputs if plan else None)}
+
+
 def _plan_from_cache(entry: dict) -> tuple[Plan | None, FusionReport]:
+    return _plan_from_entry(entry, f"plan read from ortfuse's cache ({entry['path']}): same model, request and "
+                                   "environment")
+
+
+def _plan_from_entry(entry: dict, note: str) -> tuple[Plan | None, FusionReport]:
+    """The plan of ``entry`` (``plan_entry``'s fields, ``applied``, and the fused model's
+    ``model_path``), with ``note`` added to its report."""
     report = FusionReport.from_dict(entry["report"])
-    report.notes.append(f"plan read from ortfuse's cache ({entry['path']}): same model, request and environment")
+    report.notes.append(note)
     if any(n.startswith(_STALE_NOTE) for n in report.notes):
         _warn_stale(stacklevel=6)
     if not entry["applied"]:

@@ -17,7 +17,10 @@ Contract:
   ``lookup_first``) after the child has also made the plan they give and stored it in the plan cache,
   so the serving process's ``planning.prepare`` with those decisions reads it without parsing, under
   the key the child stored it under (``plan_key``: the key holds a digest of ortfuse's sources as
-  each process read them); when the plan is stock ORT, its report: ``stock_report``;
+  each process read them); when the plan is stock ORT, its report: ``stock_report``; when the plan
+  is not cached (its decisions are not final: a spent budget), the plan itself: ``handed`` (its
+  entry, ``planning.plan_entry``) and ``plan_file``, the fused model moved to a file the caller
+  owns and removes (the serving process must not parse and fuse the model itself);
 - with ``check_feeds`` (the served feeds recorded), the child also runs the plan and stock ORT on
   each of them (``runtime.output_check.check_plan``, its runs waiting while a served run is in
   flight): ``checked_feeds`` says how many passed, ``check_error`` why the plan is not swapped in.
@@ -70,6 +73,8 @@ class Outcome:
     plan_key: str | None = None  # the plan cache's key the child stored the plan under
     checked_feeds: int = 0  # recorded feeds on which the plan's outputs equal stock ORT's
     check_error: str = ""  # why the plan's outputs are not stock ORT's ("" when they are)
+    handed: dict | None = None  # the entry of a plan the child could not cache (planning.plan_entry)
+    plan_file: str = ""  # that plan's fused model, in a file the caller owns
 
 
 def _options_spec(sess_options) -> dict:
@@ -135,7 +140,12 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
         if child.returncode != 0 or not result.exists():
             last = errors.read_text(errors="replace").strip().splitlines()[-1:]
             return Outcome(error=f"the tuning process failed ({last[0] if last else child.returncode})")
-        return Outcome(**json.loads(result.read_text()))
+        outcome = Outcome(**json.loads(result.read_text()))
+        if outcome.handed is not None:  # out of the folder before it is removed
+            fd, outcome.plan_file = tempfile.mkstemp(prefix="ortfuse-plan-", suffix=".onnx")
+            os.close(fd)
+            os.replace(os.path.join(folder, "plan.onnx"), outcome.plan_file)
+        return outcome
 
 
 def _child(folder: str) -> Outcome:
@@ -168,6 +178,9 @@ def _child(folder: str) -> Outcome:
     key = planning.plan_key(source, options, request["fusion"], request["fusion_patterns"])
     outcome = Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock,
                       plan_key=key)
+    if prepared.plan is not None and isinstance(prepared.plan.source, bytes):  # not stored in the plan cache
+        Path(folder, "plan.onnx").write_bytes(prepared.plan.source)
+        outcome.handed = planning.plan_entry(prepared.plan, prepared.report)
     feeds = _check_feeds(folder)
     if prepared.plan is not None and feeds:
         outcome.check_error = _check(source, options, prepared, feeds)
