@@ -439,9 +439,9 @@ class LiveTuning:
             with self._lock:
                 self._counts = None
             shutil.rmtree(folder, ignore_errors=True)
+        self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
         if self._stop:
             raise _Stopped("the session was closed")
-        self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
         self._starved_check()
         if outcome.tuning is None:
             raise _Unfit(outcome.error)
