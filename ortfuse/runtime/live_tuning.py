@@ -65,7 +65,7 @@ from typing import Any
 from ortfuse.fusion.report import FusionReport
 from ortfuse.runtime.files import model_file
 from ortfuse.runtime.messages import one_sentence
-from ortfuse.runtime.output_check import check_plan
+from ortfuse.runtime.output_check import check_sessions
 from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
 from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.tune import yielding
@@ -508,10 +508,7 @@ class LiveTuning:
 
     def _check(self, serving, fused, names: list[str]) -> None:
         """The fused C session computes what the serving one does on every recorded feed."""
-        bf16 = config_entry(self._options, PRECISION_OPTION).lower() == "bf16"
-        why = check_plan(lambda feed: yielding.run(lambda options: serving.run(names, feed, options)),
-                         lambda feed: yielding.run(lambda options: fused.run(names, feed, options)),
-                         self._samples, names, bf16)
+        why = check_sessions(serving, fused, self._samples, names, self._options)
         if why:
             raise _Unfit(why)
 

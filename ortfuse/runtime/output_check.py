@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ortfuse.runtime.messages import one_sentence
+from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry
+from ortfuse.tune import yielding
 
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-4, 2.0**-5
@@ -43,3 +45,12 @@ def check_plan(stock: Callable[[dict], Sequence], fused: Callable[[dict], Sequen
             return (f"the fused plan's output {name!r} differs from stock ORT's on served feed {i + 1} beyond rtol "
                     f"{rtol:g}; kept stock ORT (run `ortfuse verify`)")
     return ""
+
+
+def check_sessions(stock, fused, feeds: Sequence[dict], names: Sequence[str], sess_options) -> str:
+    """``check_plan`` of two ORT sessions (Python or C sessions: ``run(names, feed, run_options)``),
+    each run a tuning run that yields to served runs (``yielding.run``); the bf16 tolerance under the
+    ``ortfuse.precision`` opt-in of ``sess_options``."""
+    bf16 = config_entry(sess_options, PRECISION_OPTION).lower() == "bf16"
+    return check_plan(lambda feed: yielding.run(lambda options: stock.run(names, feed, options)),
+                      lambda feed: yielding.run(lambda options: fused.run(names, feed, options)), feeds, names, bf16)

@@ -197,21 +197,17 @@ def _check_feeds(folder: str) -> list[dict]:
 
 
 def _check(source, options, prepared, feeds: list[dict]) -> str:
-    """``output_check.check_plan`` of the plan's session against a stock ORT session with the same
-    options, each run waiting while a served run is in flight."""
+    """``output_check.check_sessions`` of the plan's session against a stock ORT session with the
+    same options, each run waiting while a served run is in flight."""
     import onnxruntime as ort
 
-    from ortfuse.runtime.output_check import check_plan
-    from ortfuse.tune import yielding
+    from ortfuse.runtime.output_check import check_sessions
 
     cpu = ["CPUExecutionProvider"]
     stock = ort.InferenceSession(source, options, providers=cpu)
     fused = ort.InferenceSession(prepared.source, prepared.sess_options, providers=cpu,
                                  disabled_optimizers=sorted(prepared.disabled_optimizers) or None)
-    names = [o.name for o in stock.get_outputs()]
-    bf16 = config_entry(options, PRECISION_OPTION).lower() == "bf16"
-    return check_plan(lambda feed: yielding.run(lambda o: stock.run(names, feed, o)),
-                      lambda feed: yielding.run(lambda o: fused.run(names, feed, o)), feeds, names, bf16)
+    return check_sessions(stock, fused, feeds, [o.name for o in stock.get_outputs()], options)
 
 
 def main(argv: list[str]) -> int:
