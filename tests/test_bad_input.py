@@ -230,9 +230,11 @@ def _with_props(**props) -> onnx.ModelProto:
     ({"fusion_enabled": "yes"}, "fusion_enabled='yes' is not 'true' or 'false'"),
 ])
 @pytest.mark.parametrize("fusion", [None, True, "auto"], ids=str)
-def test_malformed_metadata_is_a_clear_error_and_registers_nothing(props, message, fusion):
+def test_malformed_metadata_is_a_clear_error_and_registers_nothing(props, message, fusion, tmp_path, monkeypatch):
     """Malformed fusion metadata is the user's to fix: a ValueError that says what is wrong (and for
-    an unknown id, the known ones), raised before anything is registered on the caller's options."""
+    an unknown id, the known ones), raised before anything is registered on the caller's options;
+    also by auto with nothing known here (an empty cache), which creates without parsing the model."""
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     so = onnxruntime.SessionOptions()
     with pytest.raises(ValueError, match=message):
         ortfuse.InferenceSession(_with_props(**props), so, fusion=fusion)

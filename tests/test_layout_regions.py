@@ -6,6 +6,8 @@ kernel bit for bit (the same float32 steps); whole models against stock ORT at O
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime
@@ -62,6 +64,11 @@ def test_blocked_chain_refuses_other_shapes_with_an_ort_error(x_shape, s_shape, 
         sess.run(None, feeds)
 
 
+# a multiple of both NCHWc blocks (8 with AVX2, 16 with AVX-512): ORT reorders the graph input for the
+# first conv (one of fewer channels than a block reads the plain input)
+IN_CHANNELS = 16
+
+
 def region_model(channels: int = 32, extra_output: bool = False) -> onnx.ModelProto:
     """Conv -> squeeze-excite with a residual (x * s + x) -> channel Split -> Conv with a residual Add
     -> Concat -> nearest Resize x2 -> Conv: every op between the convs is layout-agnostic.
@@ -72,8 +79,8 @@ def region_model(channels: int = 32, extra_output: bool = False) -> onnx.ModelPr
     def w(name, *shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
 
-    inits = [w("w0", channels, 8, 3, 3), w("b0", channels), w("wf", channels, channels, 1, 1), w("bf", channels),
-             w("w1", half, half, 3, 3), w("w2", 16, 2 * channels - half, 1, 1),
+    inits = [w("w0", channels, IN_CHANNELS, 3, 3), w("b0", channels), w("wf", channels, channels, 1, 1),
+             w("bf", channels), w("w1", half, half, 3, 3), w("w2", 16, 2 * channels - half, 1, 1),
              numpy_helper.from_array(np.array([half, channels - half], np.int64), "split"),
              numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
     nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
@@ -90,7 +97,7 @@ def region_model(channels: int = 32, extra_output: bool = False) -> onnx.ModelPr
              helper.make_node("Resize", ["cat", "", "scales"], ["up"], name="up", mode="nearest",
                               coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
              helper.make_node("Conv", ["up", "w2"], ["y"], name="project")]
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 8, 10, 10])
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", IN_CHANNELS, 10, 10])
     outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 16, 20, 20])]
     if extra_output:
         outputs.append(helper.make_tensor_value_info("bc", onnx.TensorProto.FLOAT, ["n", half, 10, 10]))
@@ -125,7 +132,7 @@ def _run(layout, native, feeds, reloaded=None):
 
 
 def _feeds(batch):
-    return {"x": np.random.default_rng(batch).standard_normal((batch, 8, 10, 10)).astype(np.float32)}
+    return {"x": np.random.default_rng(batch).standard_normal((batch, IN_CHANNELS, 10, 10)).astype(np.float32)}
 
 
 needs_nchwc = pytest.mark.skipif(block_size() == 0, reason="ORT has no NCHWc kernels on this CPU")
@@ -186,13 +193,17 @@ def test_channels_off_the_block_keep_their_reorders_and_the_outputs():
 @pytest.mark.parametrize("name", ["db_text_detector", "yolov8n"])
 def test_zoo_regions_remove_reorders_and_keep_the_outputs(name):
     """The detector's SE-residual chains, FPN Resizes and Concat, and YOLOv8n's C2f Split/Add/Concat run
-    blocked: at most a quarter of the reorders ORT left stays (where a region meets Reshape,
+    blocked: besides the reorders a tensor whose channels are not a multiple of this CPU's block keeps
+    (the note names each such edge: the detector has channel counts of 24 and 40, whole blocks of 8
+    but not of 16), at most a quarter of the reorders ORT left stays (where a region meets Reshape,
     ConvTranspose, a conv ORT leaves plain)."""
     model = onnx.load(str(models.build(name)))
     layout, why_not, native = _planned(model)
     assert layout is not None, why_not
     before, after = (int(v) for v in layout.note.split("reorders ", 1)[1].split(" (")[0].split(" -> "))
-    assert after * 4 <= before, layout.note
+    misaligned = sum(int(n) for n in re.findall(r"(\d+) at \w+ \(\d+ channels, not a multiple of the block",
+                                                 layout.note))
+    assert (after - misaligned) * 4 <= before, layout.note
     feeds = models.sample_inputs(name)
     assert _close(_run(layout, native, feeds), _reference(model, feeds))
 

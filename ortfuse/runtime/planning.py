@@ -373,6 +373,7 @@ def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> F
         if props is None:
             return None
         request = metadata.parse_request(props)  # a malformed annotation raises as the parsed path does
+        check_pattern_ids(explicit if explicit is not None else request.patterns)  # so does an unknown id
         if fusion is None and not (request.annotated and request.enabled):
             return None
         if not (fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)):
