@@ -48,7 +48,8 @@ in N fresh processes; the verdicts are then judged on the medians over passes, e
 and A/A shown. The JSON file (``--json``: a folder takes ``auto_bench-<models>-<date>.json``) holds
 the raw latencies, every served request (arrival, block, state, ms), the live tuning's steps on the
 same clock (``tuning_timeline``: child started / ended, plan prepared, the plan's session built and
-checked, swapped), settings, statuses, the auto report's notes and the environment.
+checked, swapped), settings, statuses, the auto report's notes, the fusion=True session's (its layout
+plan) and the environment.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ def child(name: str, args) -> dict:
         "served_before_wait": args.served, "wait_tuned": tuned, "waited_s": round(waited_s, 2),
         "tuning_ended_after_s": round(tuned_at_s, 2) if tuned else None, "served_total": count[0],
         "statuses": statuses, "fused": len(report.fused), "matches": len(report.matches), "notes": report.notes,
+        "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
         "tuning_timeline": [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])],
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None,

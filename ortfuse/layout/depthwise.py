@@ -16,8 +16,8 @@ ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K
 
 Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue) as for
 ``winograd``: both timed in a one-conv model between reorders (``measure.native_faster``) at the
-session's thread count, the native form taken only when its median is below ``winograd.MARGIN``
-times ORT's (results kept per process; the plan that holds them is cached per CPU).
+session's thread count, the native form taken only when it beats ``winograd.MARGIN``
+times ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
 ``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
 native convolutions (``ORTFUSE_WINOGRAD``, default measure). A conv whose input dims are unknown is
 left to ORT.
@@ -243,7 +243,7 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
 
 @functools.lru_cache(maxsize=256)
 def measured_faster(shape: Shape, block: int, threads: int) -> bool:
-    """Whether the native form's median time is below MARGIN times ORT's on this machine, for one
+    """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
     depthwise conv of this shape between reorders (``measure.native_faster``)."""
     stock, native = pair_models(shape, block)
     return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,

@@ -18,8 +18,8 @@ X's shape (its H and W known by ``winograd.spatial_dims`` and not 1x1).
 
 Which form runs is decided per machine and SE shape (C, Cr, H, W, activation, gate, residual,
 addend, FC2 left plain): both are timed on blocked data at the session's thread count
-(``measure.native_faster``), the native form taken only when its median is below ``MARGIN`` times
-ORT's (results kept per process; the plan that holds them is cached per CPU).
+(``measure.native_faster``), the native form taken only when it beats ``MARGIN`` times
+ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
 ``ORTFUSE_SE_BLOCK`` = off | on (no timing) | measure (the default).
 """
 
@@ -396,7 +396,7 @@ def _pair_models(s: SEShape, block: int) -> tuple[bytes, bytes, frozenset, froze
 
 @functools.lru_cache(maxsize=256)
 def measured_faster(s: SEShape, block: int, threads: int) -> bool:
-    """Whether the native form's median time is below MARGIN times ORT's for one SE of this shape on
+    """Whether the native form beats MARGIN times ORT's time in every repeat for one SE of this shape on
     this machine (``measure.native_faster``; ORT's form holds ortfuse's channel scale or chain)."""
     stock, native, stock_ops, native_ops = _pair_models(s, block)
     feeds = dict.fromkeys(["x"] + (["a"] if s.addend else []), (1, s.c, s.h, s.w))

@@ -21,8 +21,8 @@ U (the filter in the Winograd domain) is made here once from ORT's blocked filte
 
 Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue, residual): both are timed in
 a one-conv model between reorders (``measure.native_faster``), at the session's thread count, and
-the native form is taken only when its median is below ``MARGIN`` times ORT's (results kept per
-process; the plan that holds them is cached per CPU).
+the native form is taken only when it beats ``MARGIN`` times ORT's in every repeat (results kept
+per machine, ``layout.choice_cache``).
 ``ORTFUSE_WINOGRAD`` = off (never) | on (always, no timing) | measure (the default). H and W are
 those ``spatial_dims`` finds for the conv's input; a conv whose dims are unknown is left to ORT.
 """
@@ -289,7 +289,7 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alph
 @functools.lru_cache(maxsize=256)
 def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int,
                     residual: bool = False) -> bool:
-    """Whether the native form's median time is below MARGIN times ORT's on this machine, for one
+    """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
     conv of this shape (with its residual Add) between reorders (``measure.native_faster``)."""
     stock, native = _pair_models(cin, cout, h, w, block, act, alpha, residual)
     feeds = {"x": (1, cin, h, w), **({"r": (1, cout, h, w)} if residual else {})}

@@ -1,0 +1,101 @@
+"""The layout step's timed choices kept per machine (ortfuse/layout/choice_cache.py, measure.py): a
+probe is timed once per CPU, versions and kernel sources; the native form is chosen only when it
+beats the margin in every repeat; a file of another key, a corrupt file or ORTFUSE_LAYOUT_CHOICES=off
+means timing again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ortfuse.layout import choice_cache, measure, winograd
+from ortfuse.layout.probe import block_size
+
+PROBE = (b"stock-model", b"native-model", frozenset({"OpA"}), {"x": (1, 8, 4, 4)}, 2, 0.9)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(choice_cache.ENV, raising=False)
+
+
+def _timed(monkeypatch, ratios):
+    """Make the probe timing return ``ratios`` and count its calls."""
+    calls = []
+
+    def fake(*args):
+        calls.append(args)
+        return ratios
+
+    monkeypatch.setattr(measure, "_ratios", fake)
+    return calls
+
+
+def test_a_probe_is_timed_once_and_its_choice_kept_on_disk(monkeypatch):
+    calls = _timed(monkeypatch, [0.80, 0.85, 0.70])
+    assert measure.native_faster(*PROBE) is True
+    assert measure.native_faster(*PROBE) is True
+    assert len(calls) == 1
+    data = json.loads(choice_cache.path().read_text())
+    assert data["key"] == choice_cache.key()
+    assert [c["ratios"] for c in data["choices"].values()] == [[0.8, 0.85, 0.7]]
+
+
+def test_native_needs_the_margin_in_every_repeat(monkeypatch):
+    _timed(monkeypatch, [0.80, 0.95, 0.70])  # median 0.80, one repeat above 0.9
+    assert measure.native_faster(*PROBE) is False
+    assert [c["native"] for c in json.loads(choice_cache.path().read_text())["choices"].values()] == [False]
+
+
+def test_another_shape_threads_or_margin_is_another_probe(monkeypatch):
+    calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
+    stock, native, ops, feeds, threads, margin = PROBE
+    measure.native_faster(*PROBE)
+    measure.native_faster(stock, native, ops, {"x": (1, 8, 8, 8)}, threads, margin)
+    measure.native_faster(stock, native, ops, feeds, threads + 1, margin)
+    measure.native_faster(stock, native, ops, feeds, threads, 0.8)
+    assert len(calls) == 4
+    assert len(json.loads(choice_cache.path().read_text())["choices"]) == 4
+
+
+def test_a_file_of_another_machine_or_a_corrupt_file_is_timed_again(monkeypatch):
+    calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
+    measure.native_faster(*PROBE)
+    data = json.loads(choice_cache.path().read_text())
+    choice_cache.path().write_text(json.dumps({**data, "key": {**data["key"], "cpu": "another CPU"}}))
+    measure.native_faster(*PROBE)
+    choice_cache.path().write_text("{not json")
+    measure.native_faster(*PROBE)
+    assert len(calls) == 3
+    assert json.loads(choice_cache.path().read_text())["key"] == choice_cache.key()
+
+
+def test_off_neither_reads_nor_writes(monkeypatch):
+    calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
+    monkeypatch.setenv(choice_cache.ENV, "off")
+    assert measure.native_faster(*PROBE) and measure.native_faster(*PROBE)
+    assert len(calls) == 2 and not choice_cache.path().exists()
+
+
+def test_ops_that_cannot_be_registered_are_not_kept(monkeypatch):
+    _timed(monkeypatch, None)
+    assert measure.native_faster(*PROBE) is False
+    assert not choice_cache.path().exists()
+
+
+def test_a_real_probe_is_timed_in_repeats_and_read_back(monkeypatch):
+    """One Winograd conv probe timed for real: three per-repeat ratios kept, the same choice read back."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    b = block_size()
+    winograd.measured_faster.cache_clear()
+    first = winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1)
+    (kept,) = json.loads(choice_cache.path().read_text())["choices"].values()
+    assert kept["native"] is first and len(kept["ratios"]) == measure.REPEATS
+    assert all(r > 0 for r in kept["ratios"]) and first is (max(kept["ratios"]) < winograd.MARGIN)
+    winograd.measured_faster.cache_clear()
+    _timed(monkeypatch, [2.0] * 3 if first else [0.1] * 3)  # timing again would choose the other form
+    assert winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1) is first
+    winograd.measured_faster.cache_clear()
