@@ -125,19 +125,28 @@ def test_the_whole_plan_is_the_plan_a_session_runs(monkeypatch):
     assert opened == [set(report.disabled_ort_optimizers)]
 
 
-@pytest.mark.parametrize("second, kept", [((0.9, 1.0), True), ((0.95, 1.0, [0.9, 0.95, 1.01]), False)])
-def test_a_median_win_without_enough_winning_passes_is_looked_at_again(monkeypatch, second, kept):
-    """A win in the median, lost in one repeat's passes: timed again and judged on the looks pooled
-    (``ortfuse.tune.judge``); a look that wins every pass settles it, one as mixed as the first keeps
-    it inconclusive until ``judge.MAX_LOOKS`` looks, and the matches are then measured one by one."""
+MIXED = (0.95, 1.0, [0.9, 0.95, 1.02])  # a win in the median, lost in one repeat's passes: 10 of 15
+
+
+@pytest.mark.parametrize("second, kept, looks", [
+    ((0.9, 1.0), True, 2),  # a look that wins every pass settles it
+    ((0.95, 1.0, [0.9, 0.95, 1.01]), True, 4),  # two thirds of the passes won, look after look: significant pooled
+    ((0.98, 1.0, [0.9, 0.95, 0.98, 1.01, 1.02]), False, 4),  # three fifths won: never significant
+])
+def test_a_median_win_without_enough_winning_passes_is_looked_at_again(monkeypatch, second, kept, looks):
+    """A first look that wins in the median without enough winning passes is timed again and judged
+    on the looks pooled (``ortfuse.tune.judge``), at most ``judge.MAX_LOOKS`` looks; a plan still
+    inconclusive then is not kept, and the matches are measured one by one (here: they lose)."""
     from ortfuse.tune import judge
 
+    assert looks <= judge.MAX_LOOKS
     monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
-    looks = 2 if kept else judge.MAX_LOOKS
-    _stated(monkeypatch, (0.95, 1.0, [0.9, 0.95, 1.02]), *[second] * (looks - 1), (0.5, 1.0))
+    _stated(monkeypatch, MIXED, *[second] * (looks - 1), (0.5, 1.0))
     tuning = tune.tune(ffn_matmul_add_relu(), force=True)
     check = tuning.model_check if kept else tuning.whole_plan
-    assert check["looks"] == looks and check["passed"] is kept and check["passes"] == looks * 5 * measuring.REPEATS
+    later = len(second[2]) if len(second) > 2 else measuring.REPEATS
+    assert check["looks"] == looks and check["passed"] is kept
+    assert check["passes"] == 5 * (len(MIXED[2]) + (looks - 1) * later)
     assert all(d.keep for d in tuning.decisions) is kept and len(tuning.decisions) == 2
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # a session created with nothing known imports this module wi
     from ortfuse.ir.graph import GraphIndex
 
 MARGIN = 0.05  # a fusion must be at least 5% faster than ORT on its subgraph
-MODEL_LIMIT = 0.98  # the whole auto model must win by 2% (median) and in every repeat, else nothing is kept
+MODEL_LIMIT = 0.99  # the whole auto model's median pass must be at least 1% faster (tune/judge.py), else not kept
 FORMAT = 2  # of the JSON form (cache files, model metadata); 2: decisions name their kernel and constants
 KERNEL_CHANGED = "auto: the decision was measured for kernel"  # the start of that reason (annotate reads it)
 CONSTANTS_CHANGED = "auto: the decision was measured with other constants"

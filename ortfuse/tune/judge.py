@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ortfuse.bench import protocol
 
-ALPHA = 0.0025  # one look's chance of a sign-test win from noise alone
+ALPHA = 0.01  # one look's chance of a sign-test win from noise alone (at most MAX_LOOKS x ALPHA in all)
 MAX_LOOKS = 4  # timings of one plan, pooled, before an inconclusive verdict is a loss
 
 Raw = Mapping[str, Sequence[Sequence[float]]]
