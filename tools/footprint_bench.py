@@ -131,10 +131,10 @@ def main(argv=None) -> int:
                   f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, "
                   f"llvmlite {r['fused_llvmlite_loaded']}; within #19's bound: {r['within_bound']}")
     if args.json:
-        out = Path(args.json)
-        if out.is_dir() or args.json.endswith("/"):
-            out.mkdir(parents=True, exist_ok=True)
-            out = out / f"footprint_bench-{'+'.join(r['model'] for r in results)}-{datetime.date.today()}.json"
+        from ortfuse.bench.output import result_file
+
+        stem = f"footprint_bench-{'+'.join(r['model'] for r in results)}-{datetime.date.today()}"
+        out = Path(result_file(args.json, stem))
         out.write_text(json.dumps({"tool": "footprint_bench", "settings": {**vars(args), "bytecode": "compiled"},
                                    "results": results}, indent=1))
         print(f"wrote {out}")
