@@ -244,7 +244,7 @@ def test_a_residual_not_faster_leaves_the_add_to_ort_and_keeps_the_conv(tmp_path
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     asked = []
     monkeypatch.setattr(winograd, "decider",
-                        lambda block, threads: lambda *a: asked.append(a[-1]) or not a[-1])
+                        lambda block, threads, cold=False: lambda *a: asked.append(a[-1]) or not a[-1])
     model = _residual_model()
     x = np.random.default_rng(3).standard_normal((1, 16, 20, 20)).astype(np.float32)
     so = onnxruntime.SessionOptions()
@@ -308,9 +308,9 @@ def test_yolov8n_with_every_winograd_conv_native_matches_stock_ort(tmp_path, mon
     from ortfuse.layout import deconv, depthwise
 
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(winograd, "decider", lambda block, threads: lambda *a, **k: True)
-    monkeypatch.setattr(deconv, "decider", lambda block, threads: lambda *a: False)
-    monkeypatch.setattr(depthwise, "decider", lambda block, threads: lambda shape: False)
+    monkeypatch.setattr(winograd, "decider", lambda block, threads, cold=False: lambda *a, **k: True)
+    monkeypatch.setattr(deconv, "decider", lambda block, threads, cold=False: lambda *a: False)
+    monkeypatch.setattr(depthwise, "decider", lambda block, threads, cold=False: lambda shape: False)
     path = str(models.build("yolov8n"))
     feeds = models.sample_inputs("yolov8n")
     so = onnxruntime.SessionOptions()

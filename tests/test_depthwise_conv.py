@@ -278,10 +278,10 @@ def test_zoo_models_with_every_depthwise_conv_native_match_stock_ort(tmp_path, m
     if block_size() not in (8, 16):
         pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(depthwise, "decider", lambda block, threads: lambda shape: True)
-    monkeypatch.setattr(winograd, "decider", lambda block, threads: lambda *a: False)
+    monkeypatch.setattr(depthwise, "decider", lambda block, threads, cold=False: lambda shape: True)
+    monkeypatch.setattr(winograd, "decider", lambda block, threads, cold=False: lambda *a: False)
     from ortfuse.layout import deconv
-    monkeypatch.setattr(deconv, "decider", lambda block, threads: lambda *a: False)
+    monkeypatch.setattr(deconv, "decider", lambda block, threads, cold=False: lambda *a: False)
     path = str(models.build(name))
     feeds = models.sample_inputs(name)
     so = onnxruntime.SessionOptions()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import onnx
 import pytest
 
 from ortfuse.layout import choice_cache, measure, winograd
@@ -99,3 +101,87 @@ def test_a_real_probe_is_timed_in_repeats_and_read_back(monkeypatch):
     _timed(monkeypatch, [2.0] * 3 if first else [0.1] * 3)  # timing again would choose the other form
     assert winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1) is first
     winograd.measured_faster.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# probes timed cold: a model whose weights outgrow the last-level cache
+# ------------------------------------------------------------------------------------------------
+def _fake_sysfs(tmp_path, monkeypatch, caches):
+    """CPU 0's caches as sysfs lists them: (type, size text) per index."""
+    for i, (kind, size) in enumerate(caches):
+        index = tmp_path / "sys" / f"index{i}"
+        index.mkdir(parents=True)
+        (index / "type").write_text(kind + "\n")
+        (index / "size").write_text(size + "\n")
+    measure.last_level_cache_bytes.cache_clear()
+    monkeypatch.setattr(measure.glob, "glob", lambda pattern: sorted(str(p) for p in (tmp_path / "sys").iterdir()))
+
+
+@pytest.mark.parametrize("caches, expected", [
+    ([("Data", "32K"), ("Instruction", "64K"), ("Unified", "1024K"), ("Unified", "32768K")], 32 * 2**20),
+    ([("Data", "48K"), ("Unified", "2M")], 2 * 2**20),
+    ([("Instruction", "32K")], 0),
+    ([("Unified", "lots")], 0),
+])
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path, monkeypatch, caches, expected):
+    _fake_sysfs(tmp_path, monkeypatch, caches)
+    try:
+        assert measure.last_level_cache_bytes() == expected
+    finally:
+        measure.last_level_cache_bytes.cache_clear()
+
+
+def _graph(floats: int):
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.zeros(floats, np.float32), "w")
+    return helper.make_graph([], "g", [], [], [w])
+
+
+def test_weights_exceed_cache_compares_initializer_bytes(monkeypatch):
+    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 4000)
+    assert measure.weights_exceed_cache(_graph(1001)) and not measure.weights_exceed_cache(_graph(1000))
+    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 0)  # unknown: probes stay warm
+    assert not measure.weights_exceed_cache(_graph(10**6))
+
+
+def test_a_cold_probe_is_another_choice_and_is_timed_cold(monkeypatch):
+    calls = []
+    monkeypatch.setattr(measure, "_ratios", lambda *args: calls.append(args[-1]) or [0.5, 0.5, 0.5])
+    measure.native_faster(*PROBE)
+    measure.native_faster(*PROBE, cold=True)
+    measure.native_faster(*PROBE, cold=True)
+    assert calls == [False, True]
+    assert len(json.loads(choice_cache.path().read_text())["choices"]) == 2
+
+
+def test_the_flushing_timer_times_the_run_alone():
+    ran = []
+    timed = measure._after_flush(1 << 20)
+    ms = timed(lambda: ran.append(1))
+    assert ran == [1] and 0 <= ms < 1000
+
+
+def test_the_planner_times_probes_cold_only_for_weights_beyond_the_cache(monkeypatch):
+    """The deciders get ``cold`` from the optimized graph's weights against the last-level cache."""
+    from onnx import helper, numpy_helper
+
+    from ortfuse import fuse
+    from ortfuse.fusion.provenance import native_op_types
+    from ortfuse.layout import planner
+
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 12, 12])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 12, 12])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused, report = fuse(model)
+    seen = []
+    monkeypatch.setattr(winograd, "decider", lambda block, threads, cold=False: seen.append(cold) or (lambda *a: False))
+    for llc in (1 << 30, 1000):  # the filter's 9 KiB fit a 1 GiB cache, not a 1000-byte one
+        monkeypatch.setattr(measure, "last_level_cache_bytes", lambda llc=llc: llc)
+        planner.plan_layout(model, fused, None, frozenset(native_op_types(fused)), report.disabled_ort_optimizers)
+    assert seen == [False, True]

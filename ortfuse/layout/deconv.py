@@ -213,14 +213,15 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, cout
 
 @functools.lru_cache(maxsize=64)
 def measured_faster(cin: int, cout: int, h: int, w: int, act: str, cout2: int, act2: str, block: int,
-                    threads: int) -> bool:
+                    threads: int, cold: bool = False) -> bool:
     stock, native = _pair_models(cin, cout, h, w, block, act, cout2, act2)
     ops = frozenset({OP2 if cout2 else OP})
-    return measure.native_faster(stock, native, ops, {"x": (1, cin, h, w)}, threads, MARGIN)
+    return measure.native_faster(stock, native, ops, {"x": (1, cin, h, w)}, threads, MARGIN, cold=cold)
 
 
-def decider(block: int, threads: int) -> Callable[[int, int, int, int, str, int, str], bool]:
+def decider(block: int, threads: int, cold: bool = False) -> Callable[[int, int, int, int, str, int, str], bool]:
     """The ``decide`` of ``run_deconv`` for this process's mode."""
     if mode() == "on":
         return lambda *shape: True
-    return lambda cin, cout, h, w, act, cout2, act2: measured_faster(cin, cout, h, w, act, cout2, act2, block, threads)
+    return lambda cin, cout, h, w, act, cout2, act2: measured_faster(cin, cout, h, w, act, cout2, act2, block, threads,
+                                                                     cold)

@@ -242,16 +242,16 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
 
 
 @functools.lru_cache(maxsize=256)
-def measured_faster(shape: Shape, block: int, threads: int) -> bool:
+def measured_faster(shape: Shape, block: int, threads: int, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
     depthwise conv of this shape between reorders (``measure.native_faster``)."""
     stock, native = pair_models(shape, block)
     return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
-                                 MARGIN)
+                                 MARGIN, cold=cold)
 
 
-def decider(block: int, threads: int) -> Callable[[Shape], bool]:
+def decider(block: int, threads: int, cold: bool = False) -> Callable[[Shape], bool]:
     """The ``decide`` of ``run_depthwise`` for this process's mode (module docstring)."""
     if mode() == "on":
         return lambda shape: True
-    return lambda shape: measured_faster(shape, block, threads)
+    return lambda shape: measured_faster(shape, block, threads, cold)

@@ -6,9 +6,19 @@ repeats (``ortfuse.bench.protocol``'s interleaved single runs; in a live tuning,
 run overlapped, ``ortfuse.tune.yielding``): the choice is kept for the machine
 (``layout.choice_cache``), so it rests on evidence that the machine's noise does not flip from one
 process to the next. A shape near the margin stays with ORT. ``python tools/auto_bench.py --models
-resnet50_const --passes 3`` shows the plans fresh processes make."""
+resnet50_const --passes 3`` shows the plans fresh processes make.
+
+A model whose weights outgrow the last-level cache (``weights_exceed_cache``) finds each conv's
+filter in memory on every run, not in cache; its probes are timed ``cold``: before each timed run a
+buffer half as large again as that cache is written, so both forms read their filters from memory.
+A Winograd filter is 4x ORT's (36 taps for 9), so a probe timed warm favours it where the model
+would not (``python tools/auto_bench.py --models resnet50_const`` records the plans)."""
 
 from __future__ import annotations
+
+import functools
+import glob
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,17 +31,19 @@ REPEATS = 3
 
 
 def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
-                  margin: float, stock_ops: frozenset = frozenset()) -> bool:
+                  margin: float, stock_ops: frozenset = frozenset(), cold: bool = False) -> bool:
     """Whether ``native`` beats ``margin`` times ``stock`` in every repeat (module docstring), read from
     the machine's kept choices when this probe was timed before. Both models are loaded at
     ORT_DISABLE_ALL (they hold ORT's blocked ops already); ``feeds`` names each input's shape
     (float32, seeded normal data); ``stock_ops``: ortfuse's native ops the stock form holds
-    (registered on its session too). False when the native ops cannot be registered here."""
-    digest = choice_cache.probe_digest(stock, native, sorted(native_ops), sorted(stock_ops), feeds, threads, margin)
+    (registered on its session too); ``cold``: timed with the caches flushed (module docstring).
+    False when the native ops cannot be registered here."""
+    digest = choice_cache.probe_digest(stock, native, sorted(native_ops), sorted(stock_ops), feeds, threads, margin,
+                                       *(["cold"] if cold else []))
     kept = choice_cache.lookup(digest)
     if kept is not None:
         return kept
-    ratios = _ratios(stock, native, native_ops, feeds, threads, stock_ops)
+    ratios = _ratios(stock, native, native_ops, feeds, threads, stock_ops, cold)
     if ratios is None:
         return False
     chosen = max(ratios) < margin
@@ -40,7 +52,7 @@ def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dic
 
 
 def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
-            stock_ops: frozenset) -> list[float] | None:
+            stock_ops: frozenset, cold: bool = False) -> list[float] | None:
     """Each repeat's p50 ratio, native / stock; None when the native ops cannot be registered here."""
     import onnxruntime as ort
 
@@ -61,6 +73,55 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
     native_s = ort.InferenceSession(native, so, providers=cpu)
     rng = np.random.default_rng(1)
     feed = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in feeds.items()}
-    raw = yielding.measure({"stock": lambda: yielding.run_session(stock_s, feed),
-                            "native": lambda: yielding.run_session(native_s, feed)}, runs=RUNS, repeats=REPEATS)
+    runners = {"stock": lambda: yielding.run_session(stock_s, feed),
+               "native": lambda: yielding.run_session(native_s, feed)}
+    size = last_level_cache_bytes() if cold else 0
+    raw = protocol.measure(runners, runs=RUNS, repeats=REPEATS, warmup=1,
+                           time_run=_after_flush(size * 3 // 2) if size else yielding.timed)
     return protocol.ratio_per_repeat(raw["native"], raw["stock"])
+
+
+def _after_flush(nbytes: int) -> Callable[[Callable[[], object]], float]:
+    """A ``time_run`` that first writes every line of an ``nbytes`` buffer (untimed), then times the
+    run as ``yielding.timed`` does."""
+    buffer = np.zeros(max(nbytes // 8, 1))
+
+    def timed(fn: Callable[[], object]) -> float:
+        np.add(buffer, 1.0, out=buffer)
+        return yielding.timed(fn)
+    return timed
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest data or unified cache of CPU 0 (Linux sysfs), in bytes; 0 when unknown."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{index}/type") as f:
+                kind = f.read().strip()
+            with open(f"{index}/size") as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if kind != "Instruction" and digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=0)
+
+
+def weights_exceed_cache(graph) -> bool:
+    """Whether ``graph``'s initializers (an ONNX GraphProto) take more bytes than the last-level cache."""
+    from onnx import helper
+
+    llc = last_level_cache_bytes()
+    if not llc:
+        return False
+    total = 0
+    for t in graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        total += n * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total > llc

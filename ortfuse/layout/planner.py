@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import onnx
 
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, deconv, depthwise, regions, se_block, winograd
+from ortfuse.layout import blocked_scale, deconv, depthwise, measure, regions, se_block, winograd
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -92,22 +92,23 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     except Exception as exc:  # never worse than the plan without regions
         grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
     threads = sess_options.intra_op_num_threads if sess_options is not None else 0
+    cold = measure.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
     try:
-        wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads))
+        wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         wino, failed = winograd.WinogradResult(), failed + f"; convs left to ORT ({type(exc).__name__}: {exc})"
     try:
         hw = winograd.spatial_dims(optimized.graph, shape)
-        up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads))
+        up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         up, failed = deconv.DeconvResult(), failed + f"; ConvTransposes left to ORT ({type(exc).__name__}: {exc})"
     try:
-        se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads))
+        se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         se, failed = se_block.SEResult(), failed + f"; squeeze-excite blocks left to ORT ({type(exc).__name__}: {exc})"
     try:
         dw = depthwise.run_depthwise(optimized.graph, winograd.spatial_dims(optimized.graph, shape), block,
-                                     depthwise.decider(block, threads))
+                                     depthwise.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         dw = depthwise.DepthwiseResult()
         failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"

@@ -395,16 +395,16 @@ def _pair_models(s: SEShape, block: int) -> tuple[bytes, bytes, frozenset, froze
 
 
 @functools.lru_cache(maxsize=256)
-def measured_faster(s: SEShape, block: int, threads: int) -> bool:
+def measured_faster(s: SEShape, block: int, threads: int, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat for one SE of this shape on
     this machine (``measure.native_faster``; ORT's form holds ortfuse's channel scale or chain)."""
     stock, native, stock_ops, native_ops = _pair_models(s, block)
     feeds = dict.fromkeys(["x"] + (["a"] if s.addend else []), (1, s.c, s.h, s.w))
-    return measure.native_faster(stock, native, native_ops, feeds, threads, MARGIN, stock_ops=stock_ops)
+    return measure.native_faster(stock, native, native_ops, feeds, threads, MARGIN, stock_ops=stock_ops, cold=cold)
 
 
-def decider(block: int, threads: int) -> Callable[[SEShape], bool]:
+def decider(block: int, threads: int, cold: bool = False) -> Callable[[SEShape], bool]:
     """The ``decide`` of ``run_se_blocks`` for this process's mode (module docstring)."""
     if mode() == "on":
         return lambda s: True
-    return lambda s: measured_faster(s, block, threads)
+    return lambda s: measured_faster(s, block, threads, cold)

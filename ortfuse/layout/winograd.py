@@ -288,18 +288,20 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alph
 
 @functools.lru_cache(maxsize=256)
 def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int,
-                    residual: bool = False) -> bool:
+                    residual: bool = False, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
-    conv of this shape (with its residual Add) between reorders (``measure.native_faster``)."""
+    conv of this shape (with its residual Add) between reorders (``measure.native_faster``; ``cold``:
+    timed with the caches flushed)."""
     stock, native = _pair_models(cin, cout, h, w, block, act, alpha, residual)
     feeds = {"x": (1, cin, h, w), **({"r": (1, cout, h, w)} if residual else {})}
-    return measure.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN)
+    return measure.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN,
+                                 cold=cold)
 
 
-def decider(block: int, threads: int) -> Callable[..., bool]:
+def decider(block: int, threads: int, cold: bool = False) -> Callable[..., bool]:
     """The ``decide(cin, cout, h, w, activation, alpha, residual=False)`` of ``run_winograd`` for this
-    process's mode (module docstring)."""
+    process's mode (module docstring); ``cold``: probes timed with the caches flushed."""
     if mode() == "on":
         return lambda *shape: True
     return lambda cin, cout, h, w, act, alpha, residual=False: measured_faster(cin, cout, h, w, act, alpha, block,
-                                                                              threads, residual)
+                                                                              threads, residual, cold)
