@@ -74,8 +74,18 @@ def test_a_gain_within_the_bias_of_two_stock_sessions_is_no_evidence():
 
 @pytest.mark.parametrize("ratio", [1.0, MODEL_LIMIT + 0.005, 1.2])
 def test_a_tie_or_a_loss_fails_and_takes_no_other_look(ratio):
-    verdict = judge.judge(raw_timing(ratio, 1.0), MODEL_LIMIT)
+    runs = math.ceil(judge.MIN_PASSES / measuring.REPEATS)
+    verdict = judge.judge(raw_timing(ratio, 1.0, runs=runs), MODEL_LIMIT)
     assert not verdict.passed and not verdict.inconclusive
+
+
+def test_few_passes_settle_no_loss_by_their_median_alone():
+    """Above the limit in the median pass but faster in every pass, over fewer than ``MIN_PASSES``
+    passes: looked at again; slower in every pass: a significant loss however few the passes."""
+    few = raw_from_passes([MODEL_LIMIT + 0.005] * (judge.MIN_PASSES - 1))
+    assert judge.judge(few, MODEL_LIMIT).inconclusive
+    slower = raw_from_passes([1.05] * 9)
+    assert not judge.judge(slower, MODEL_LIMIT).inconclusive and not judge.judge(slower, MODEL_LIMIT).passed
 
 
 def test_a_median_win_without_enough_passes_is_inconclusive_and_pools_looks():

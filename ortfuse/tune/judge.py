@@ -19,8 +19,9 @@ Contract of ``judge(raw, limit)`` (``raw``: ms per configuration, per repeat, pe
 - ``inconclusive`` when not passed although the median paired ratio is at most ``limit``: the
   magnitude is there, the evidence is not yet (the caller times another look and judges the looks
   pooled, ``pooled``, at most ``MAX_LOOKS``; ``ALPHA`` is per look, so that the chance of a win
-  from noise over all looks stays at most ``MAX_LOOKS * ALPHA``); a median at or above ``limit``
-  is a verdict, not worth another look;
+  from noise over all looks stays at most ``MAX_LOOKS * ALPHA``); a median above ``limit`` is a
+  verdict, not worth another look, once the looks hold ``MIN_PASSES`` passes or the candidate lost
+  significantly many of them (the same sign test, the other way);
 - the report figures are the protocol's (``ortfuse.bench.protocol``): each configuration's p50 per
   repeat, stock ORT's as the mean of both stock sessions', each repeat's ratio, and the A/A
   control's largest deviation from 1 over the repeats.
@@ -37,6 +38,9 @@ from ortfuse.bench import protocol
 
 ALPHA = 0.01  # one look's chance of a sign-test win from noise alone (at most MAX_LOOKS x ALPHA in all)
 MAX_LOOKS = 4  # timings of one plan, pooled, before an inconclusive verdict is a loss
+# fewer passes never settle a loss by their median alone: a look sized from one disturbed run held 9
+# passes, whose median said 1.043x for a plan that ran 0.95x (python tools/auto_bench.py --models resnet50)
+MIN_PASSES = 24
 
 Raw = Mapping[str, Sequence[Sequence[float]]]
 
@@ -105,8 +109,10 @@ def judge(raw: Raw, limit: float) -> Verdict:
     paired_ratio, aa_ratio = statistics.median(paired), statistics.median(aa)
     beyond_bias = paired_ratio <= 1 - abs(aa_ratio - 1)
     passed = wins >= needed and paired_ratio <= limit and beyond_bias
+    lost = n - wins >= needed
+    inconclusive = not passed and not lost and (paired_ratio <= limit or n < MIN_PASSES)
     return Verdict(statistics.median(p50["fused"]), statistics.median(stock), ratios, noise, paired_ratio, aa_ratio,
-                   wins, n, needed, passed, not passed and paired_ratio <= limit, limit)
+                   wins, n, needed, passed, inconclusive, limit)
 
 
 def pooled(first: Raw, more: Raw) -> dict[str, list[list[float]]]:
