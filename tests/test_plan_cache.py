@@ -99,9 +99,17 @@ def test_request_options_and_environment_are_part_of_the_key(model_path, monkeyp
 
 def test_a_changed_model_file_is_planned_again(model_path):
     ortfuse.InferenceSession(model_path, fusion=True)
+    model = ffn_matmul_add_relu()
+    model.doc_string = "edited"
+    onnx.save(model, model_path)
+    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
+
+
+def test_a_touched_file_with_the_same_bytes_reads_its_plan_by_content(model_path):
+    ortfuse.InferenceSession(model_path, fusion=True)
     st = os.stat(model_path)
     os.utime(model_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
+    assert _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
 
 
 def test_changed_auto_decisions_make_the_plan_stale(model_path, monkeypatch):
@@ -161,6 +169,7 @@ def test_unwritable_cache_folder_still_fuses(model_path, tmp_path, monkeypatch):
 
 
 def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
+    monkeypatch.setattr(plan_cache, "content_key", lambda *args: None)  # one entry per plan, no alias by content
     for patterns in (["add_relu"], ["gemm_relu_gelu"]):
         ortfuse.InferenceSession(model_path, fusion=True, fusion_patterns=patterns)
     entries = sorted(plan_cache.root().glob("*.json"))
@@ -214,3 +223,41 @@ def test_a_plan_is_read_under_the_key_the_tuning_process_stored_it_under(model_p
     _forbid_parsing(monkeypatch)
     read = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning, plan_key=key)
     assert read.plan is not None and read.source == made.source and _cached(read.report)
+
+
+def test_a_copy_at_another_path_reads_the_plan_of_its_bytes(model_path, tmp_path, monkeypatch):
+    """The same bytes at a new path (a deployment folder): the plan stored for the original, found by
+    content without parsing, then linked under the new path's own key; the outputs are the plan's."""
+    first = ortfuse.InferenceSession(model_path, fusion=True)
+    expected = first.run(None, ffn_inputs())
+    copy = tmp_path / "deployed" / "ffn.onnx"
+    copy.parent.mkdir()
+    copy.write_bytes(pathlib.Path(model_path).read_bytes())
+    _forbid_parsing(monkeypatch)
+    second = ortfuse.InferenceSession(str(copy), fusion=True)
+    assert _cached(second.fusion_report) and second.fusion_report.applied
+    for a, b in zip(second.run(None, ffn_inputs()), expected):
+        np.testing.assert_array_equal(a, b)
+    by_path = plan_cache.key(str(copy), None, True, None, None)
+    assert plan_cache.load(by_path) is not None  # the next session at this path hits by path
+
+
+def test_a_changed_copy_is_planned_again(model_path, tmp_path):
+    ortfuse.InferenceSession(model_path, fusion=True)
+    model = ffn_matmul_add_relu()
+    model.doc_string = "another model"
+    copy = tmp_path / "other.onnx"
+    onnx.save(model, str(copy))
+    assert not _cached(ortfuse.InferenceSession(str(copy), fusion=True).fusion_report)
+
+
+def test_a_model_with_external_data_is_not_keyed_by_content(tmp_path):
+    """Its weights lie beside it: the same bytes at another path may read other weights."""
+    path = tmp_path / "ext.onnx"
+    onnx.save(ffn_matmul_add_relu(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w.bin", size_threshold=0)
+    assert plan_cache.content_key(str(path), None, True, None, None) is None
+    plain = tmp_path / "plain.onnx"
+    onnx.save(ffn_matmul_add_relu(), str(plain))
+    assert plan_cache.content_key(str(plain), None, True, None, None) == plan_cache.key(plain.read_bytes(), None, True,
+                                                                                        None, None)

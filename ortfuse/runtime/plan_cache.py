@@ -16,7 +16,9 @@ An entry is ``<key>.json`` (the report and what the session needs) and, for an a
 may name files they depend on (the auto policy's decisions) with their mtime; a changed or missing
 dependency makes the entry stale. Writes are atomic (the JSON is written last); the folder is trimmed
 to ``MAX_BYTES``, oldest entries first.
-Only outcomes that follow from the key alone are stored: never a step-aside.
+Only outcomes that follow from the key alone are stored: never a step-aside. A path that misses is
+looked up again by its bytes (``content_key``, the key bytes input gets), unless it names external
+data; entries found or stored so are linked under both keys (``link``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ortfuse.kernels import isa, ranking
@@ -42,6 +45,8 @@ MAX_BYTES = 2 * 2**30
 _ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION", "ORTFUSE_LAYOUT", "ORTFUSE_WINOGRAD",
              "ORTFUSE_SE_BLOCK", "ORTFUSE_DEPTHWISE", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
+# an external initializer names its file in a StringStringEntryProto whose key (field 1) is "location"
+EXTERNAL_DATA_MARK = b"\x0a\x08location"
 
 
 def root() -> Path:
@@ -80,8 +85,26 @@ def _option_values(sess_options) -> list:
 def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> str | None:
     """The cache key of this request, or None when the source cannot be identified cheaply."""
     identity = _source_identity(source)
-    if identity is None:
+    return None if identity is None else _key(identity, sess_options, fusion, fusion_patterns, kernels)
+
+
+def content_key(path: str, sess_options, fusion, fusion_patterns, kernels) -> str | None:
+    """The key of this request by the file's bytes, as if they were passed as bytes: a copy of the
+    model at another path (a deployment folder, a container's) finds the plan made for the original.
+    None when the file cannot be read or names external data (its weights depend on where it lies)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data.find(EXTERNAL_DATA_MARK) >= 0:
+                return None
+            identity = "bytes:" + hashlib.sha256(data).hexdigest()
+    except (OSError, ValueError):
         return None
+    return _key(identity, sess_options, fusion, fusion_patterns, kernels)
+
+
+def _key(identity: str, sess_options, fusion, fusion_patterns, kernels) -> str:
     parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
              _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
              isa.fingerprint(), ranking.digest(), _code_digest()]
@@ -130,6 +153,27 @@ def store(cache_key: str | None, entry: dict, model_bytes: bytes | None, depends
     except OSError:
         return None
     return str(base.with_suffix(".onnx")) if model_bytes is not None else None
+
+
+def link(stored_key: str | None, other_key: str | None) -> None:
+    """Make the entry stored under ``stored_key`` readable under ``other_key`` too (its fused model
+    hard-linked, else copied). Best effort, as ``store``."""
+    if stored_key is None or other_key is None or stored_key == other_key:
+        return
+    base, other = root() / stored_key, root() / other_key
+    try:
+        model = base.with_suffix(".onnx")
+        if model.exists():
+            tmp = other.with_name(f".{other.name}.{os.getpid()}.onnx.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(model, tmp)
+            except OSError:
+                shutil.copyfile(model, tmp)
+            os.replace(tmp, other.with_suffix(".onnx"))
+        write_atomic(other.with_suffix(".json"), base.with_suffix(".json").read_bytes())
+    except OSError:
+        return
 
 
 def _trim(folder: Path, keep: Path) -> None:

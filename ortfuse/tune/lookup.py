@@ -32,10 +32,9 @@ from contextlib import contextmanager
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.ir import metadata
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
+from ortfuse.runtime.plan_cache import EXTERNAL_DATA_MARK
 
 _GRAPH_FIELD = 7  # ModelProto.graph
-# an external initializer names its file in a StringStringEntryProto whose key (field 1) is "location"
-_EXTERNAL_MARK = b"\x0a\x08location"
 _DOMAIN_MARK = DOMAIN.encode()  # a node of ortfuse's custom-op domain: a graph saved already fused
 
 
@@ -96,6 +95,6 @@ def may_know(data, props: dict[str, str]) -> tuple[bool, str | None]:
     digest = graph_digest_of(data)
     if digest is None:
         return True, None
-    if any(data.find(mark) >= 0 for mark in (_EXTERNAL_MARK, _DOMAIN_MARK)):
+    if any(data.find(mark) >= 0 for mark in (EXTERNAL_DATA_MARK, _DOMAIN_MARK)):
         return True, digest
     return has_tuning_files(digest), digest
