@@ -184,11 +184,15 @@ def test_cli_rank_says_in_one_sentence_when_the_model_rejects_the_inputs(machine
     assert "nothing to rank" in capsys.readouterr().out
 
 
-def test_auto_tuning_ranks_the_alternatives_first_and_its_decisions_follow(machine):
-    """fusion="auto" compares every candidate, not only the top-ranked one: tuning measures the
-    ranking of the model's classes in the whole model first, stores it, and the decisions it then
-    measures name the kernel that ranking puts first; the cache key holds the ranking."""
+def test_auto_tuning_ranks_the_alternatives_first_and_its_decisions_follow(machine, monkeypatch):
+    """fusion="auto" compares every candidate, not only the top-ranked one: where the whole plan does
+    not win (set aside here: its verdict is this machine's timing), tuning measures the ranking of the
+    model's classes in the whole model first, stores it, and the decisions it then measures name the
+    kernel that ranking puts first; the cache key holds the ranking."""
+    from ortfuse.tune import measure as tune_measure
     from ortfuse.tune import tuner
+
+    monkeypatch.setattr(tune_measure, "whole_plan", lambda *args, **kwargs: (None, None))
 
     model = conv_hardswish_model()
     tuning = tuner.tune(model, None, None, measure=True, sample=feeds(), budget_s=3.0)
