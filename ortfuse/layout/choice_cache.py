@@ -34,13 +34,11 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def key() -> dict:
     """What the choices hold for: this CPU, the installed versions, the kernels' sources."""
-    import ortfuse.custom_ops
+    from ortfuse.custom_ops.aot.library import source_digest
     from ortfuse.kernels import isa
-    from ortfuse.runtime.source_digest import tree_digest
     from ortfuse.runtime.versions import installed
 
-    kernels = tree_digest([Path(ortfuse.custom_ops.__file__).resolve().parent])
-    return {"cpu": isa.fingerprint(), "versions": dict(installed()), "kernels": kernels}
+    return {"cpu": isa.fingerprint(), "versions": dict(installed()), "kernels": source_digest()}
 
 
 def path() -> Path:

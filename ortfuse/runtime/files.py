@@ -1,9 +1,10 @@
 """Files ortfuse writes: atomically (readers see the old content or the new one, never a partial
-write), and models handed to ORT as a path."""
+write); models handed to ORT as a path, and read as bytes without a copy."""
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import tempfile
 import uuid
@@ -41,3 +42,24 @@ def model_file(source: str | bytes):
         with open(path, "wb") as fh:
             fh.write(source)
         yield path
+
+
+@contextlib.contextmanager
+def model_bytes(source: str | bytes):
+    """The serialized model as a buffer (bytes, or a read-only mmap of the file), or None when the
+    file cannot be read or mapped."""
+    if isinstance(source, bytes):
+        yield source
+        return
+    try:
+        fh = open(source, "rb")  # noqa: SIM115 - closed below, after the map
+    except OSError:
+        yield None
+        return
+    try:
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data
+    except (OSError, ValueError):  # empty or unmappable: the parsed path reports it
+        yield None
+    finally:
+        fh.close()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ortfuse.kernels import isa, ranking
 from ortfuse.runtime.cache_paths import PLANS, cache_dir
-from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.files import model_bytes, write_atomic
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
 from ortfuse.runtime.source_digest import tree_digest
 from ortfuse.runtime.versions import installed
@@ -92,15 +92,10 @@ def content_key(path: str, sess_options, fusion, fusion_patterns, kernels) -> st
     """The key of this request by the file's bytes, as if they were passed as bytes: a copy of the
     model at another path (a deployment folder, a container's) finds the plan made for the original.
     None when the file cannot be read or names external data (its weights depend on where it lies)."""
-    import mmap
-
-    try:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if data.find(EXTERNAL_DATA_MARK) >= 0:
-                return None
-            identity = "bytes:" + hashlib.sha256(data).hexdigest()
-    except (OSError, ValueError):
-        return None
+    with model_bytes(path) as data:
+        if data is None or data.find(EXTERNAL_DATA_MARK) >= 0:
+            return None
+        identity = "bytes:" + hashlib.sha256(data).hexdigest()
     return _key(identity, sess_options, fusion, fusion_patterns, kernels)
 
 

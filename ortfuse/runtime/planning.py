@@ -15,7 +15,6 @@ the live tuning finds them, off the creating thread.
 
 from __future__ import annotations
 
-import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
+from ortfuse.runtime.files import model_bytes
 from ortfuse.runtime.messages import one_sentence
 from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
 from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry, tune_mode
@@ -103,11 +103,11 @@ def _scan_props(source: str | bytes) -> dict[str, str] | None:
     """Model metadata read straight from the serialized bytes (mmap for files), or None."""
     if isinstance(source, bytes):
         return metadata.scan_props(source)
-    try:
-        with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return metadata.scan_props(data)
-    except (OSError, ValueError):
-        return None
+    with model_bytes(source) as data:
+        try:
+            return metadata.scan_props(data) if data is not None else None
+        except ValueError:
+            return None
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
@@ -374,7 +374,7 @@ def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> F
     if isinstance(source, str) and (source.lower().endswith(".ort")
                                     or config_entry(sess_options, "session.load_model_format").upper() == "ORT"):
         return None
-    with lookup.model_bytes(source) as data:
+    with model_bytes(source) as data:
         if data is None:
             return None
         props = metadata.scan_props(data)

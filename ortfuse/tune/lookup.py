@@ -26,8 +26,6 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-import mmap
-from contextlib import contextmanager
 
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.ir import metadata
@@ -50,27 +48,6 @@ def has_tuning_files(graph_digest: str) -> bool:
         return any(folder.glob(f"{file_prefix(graph_digest)}*.json"))
     except OSError:
         return True  # an unreadable cache: let the parsed lookup decide
-
-
-@contextmanager
-def model_bytes(source: str | bytes):
-    """The serialized model as a buffer (bytes, or a read-only mmap of the file), or None when the
-    file cannot be read or mapped."""
-    if isinstance(source, bytes):
-        yield source
-        return
-    try:
-        fh = open(source, "rb")  # noqa: SIM115 - closed below, after the map
-    except OSError:
-        yield None
-        return
-    try:
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            yield data
-    except (OSError, ValueError):  # empty or unmappable: the parsed path reports it
-        yield None
-    finally:
-        fh.close()
 
 
 def graph_digest_of(data) -> str | None:
