@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -123,7 +125,11 @@ def test_changed_auto_decisions_make_the_plan_stale(model_path, monkeypatch):
     decisions = tune.tune(onnx.load(model_path), measure=False)
     assert decisions.from_cache
     st = os.stat(decisions.path)
-    os.utime(decisions.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # as `ortfuse tune --force` does
+    os.utime(decisions.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched, same decisions
+    assert _cached(ortfuse.InferenceSession(model_path, fusion="auto").fusion_report)
+    text = pathlib.Path(decisions.path).read_text()
+    pathlib.Path(decisions.path).write_text(text.replace('"seconds": ', '"seconds": 1')) # as `ortfuse tune --force`
+    os.utime(decisions.path, ns=(st.st_atime_ns, st.st_mtime_ns))  # its mtime restored: the content counts
     assert not _cached(ortfuse.InferenceSession(model_path, fusion="auto").fusion_report)
 
 
@@ -169,9 +175,10 @@ def test_unwritable_cache_folder_still_fuses(model_path, tmp_path, monkeypatch):
 
 
 def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
-    monkeypatch.setattr(plan_cache, "content_key", lambda *args: None)  # one entry per plan, no alias by content
-    for patterns in (["add_relu"], ["gemm_relu_gelu"]):
-        ortfuse.InferenceSession(model_path, fusion=True, fusion_patterns=patterns)
+    # made by a process that has ended: a live process's plans are never trimmed (tests/test_cache_safety.py)
+    code = ("import json, sys, ortfuse\nfor p in json.loads(sys.argv[2]):\n"
+            "    ortfuse.InferenceSession(sys.argv[1], fusion=True, fusion_patterns=p)")
+    subprocess.run([sys.executable, "-c", code, model_path, '[["add_relu"], ["gemm_relu_gelu"]]'], check=True)
     entries = sorted(plan_cache.root().glob("*.json"))
     assert len(entries) == 2
     for age, p in enumerate(entries):  # entries[0] is the older one, whatever the clock's resolution
@@ -189,9 +196,6 @@ def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
 def test_code_digest_is_the_same_in_every_process():
     """Regression: the digest iterated a set of folders, whose order follows the per-process string
     hash seed, so another process (the bench's memory child) missed the cache about half the time."""
-    import subprocess
-    import sys
-
     code = "from ortfuse.runtime import plan_cache; print(plan_cache._code_digest())"
     digests = {subprocess.run([sys.executable, "-c", code],
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
@@ -251,13 +255,16 @@ def test_a_changed_copy_is_planned_again(model_path, tmp_path):
     assert not _cached(ortfuse.InferenceSession(str(copy), fusion=True).fusion_report)
 
 
-def test_a_model_with_external_data_is_not_keyed_by_content(tmp_path):
-    """Its weights lie beside it: the same bytes at another path may read other weights."""
+def test_a_model_with_external_data_is_keyed_by_its_data_too(tmp_path):
+    """Its weights lie beside it: the key holds the location each external-data entry names and the
+    sha256 of the file there, so the same model bytes beside other weights get another key."""
     path = tmp_path / "ext.onnx"
     onnx.save(ffn_matmul_add_relu(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location="w.bin", size_threshold=0)
-    assert plan_cache.content_key(str(path), None, True, None, None) is None
+    found = plan_cache.identity(str(path))
+    assert found is not None and found[0].endswith(
+        "|w.bin=" + plan_cache.content_digest(str(tmp_path / "w.bin")).sha256)
     plain = tmp_path / "plain.onnx"
     onnx.save(ffn_matmul_add_relu(), str(plain))
-    assert plan_cache.content_key(str(plain), None, True, None, None) == plan_cache.key(plain.read_bytes(), None, True,
-                                                                                        None, None)
+    assert plan_cache.key(str(plain), None, True, None, None) == plan_cache.key(plain.read_bytes(), None, True,
+                                                                                None, None)

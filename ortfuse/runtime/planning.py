@@ -218,13 +218,6 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
     entry = plan_cache.load(cache_key)
     if entry is not None:
         return (*_plan_from_cache(entry), None)
-    # a copy of a planned model at another path: the plan stored under its bytes, linked to this path
-    by_content = plan_cache.content_key(source, sess_options, fusion, fusion_patterns, kernels) \
-        if isinstance(source, str) else None
-    entry = plan_cache.load(by_content)
-    if entry is not None:
-        plan_cache.link(by_content, cache_key)
-        return (*_plan_from_cache(entry), None)
     if mode == "background" and tuning is None:
         deferred = _deferred_unparsed(source, sess_options, fusion, explicit)
         if deferred is not None:
@@ -236,7 +229,6 @@ def _plan(source, sess_options, fusion, fusion_patterns, kernels, mode: str, tun
         entry = plan_entry(plan, report)
         stored = plan_cache.store(cache_key, entry, plan.source if plan and isinstance(plan.source, bytes) else None,
                                   depends)
-        plan_cache.link(cache_key if stored or plan is None else None, by_content)
         if stored and plan is not None:  # ORT reads the fused model from that file: no copy stays in memory
             plan.source = stored
     return plan, report, used

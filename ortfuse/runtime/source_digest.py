@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ortfuse.runtime.cache_paths import SOURCES, cache_dir
-from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.files import keep_newest, write_atomic
 
 KEEP = 32  # memos kept: one per state of the sources (an edited checkout makes a new one per edit)
 
@@ -57,16 +57,9 @@ def tree_digest(bases: list[Path]) -> str:
         pass
     digest = _content_digest(trees)
     try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(memo, digest)
-        _trim(memo.parent)
+        keep_newest(memo.parent, KEEP)
     except OSError:  # a read-only cache: the digest is still right, only not remembered
         pass
     return digest
 
-
-def _trim(folder: Path) -> None:
-    """Remove all but the ``KEEP`` newest memos (another process may remove one first)."""
-    memos = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for old in memos[KEEP:]:
-        old.unlink(missing_ok=True)
