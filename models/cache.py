@@ -3,7 +3,7 @@
 The record holds the file's sha256, size and the recipe digest it was built from; a file
 counts as cached only when all three match. Files are written to a temporary name and
 moved into place with ``os.replace``, and builds of one name are serialised with a file
-lock, so parallel processes never read a half-written model.
+lock (``runtime.files.locked``), so parallel processes never read a half-written model.
 """
 
 from __future__ import annotations
@@ -14,12 +14,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: atomic replace still holds, builds may repeat
-    fcntl = None
-
 from ortfuse.runtime.cache_paths import MODELS, cache_dir
+from ortfuse.runtime.files import locked as locked_file
 from ortfuse.runtime.files import write_atomic
 
 
@@ -31,7 +27,8 @@ def _record_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 of the file at ``path``, read in 4 MiB pieces."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -47,7 +44,7 @@ def is_cached(name: str, recipe: str) -> bool:
         return (
             record.get("recipe") == recipe
             and record.get("bytes") == path.stat().st_size
-            and record.get("sha256") == _sha256(path)
+            and record.get("sha256") == sha256_file(path)
         )
     except (OSError, ValueError):
         return False
@@ -65,15 +62,8 @@ def store(name: str, data: bytes, recipe: str) -> Path:
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``name``'s build (a no-op without ``fcntl``)."""
+    """Hold an exclusive lock on ``name``'s build (``runtime.files.locked``)."""
     path = model_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:
+    with locked_file(path):
         yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -270,6 +270,15 @@ def test_max_abs_diff():
     assert stats.max_abs_diff([np.array([1.0])], [np.array([np.nan])]) == float("inf")
 
 
+def test_max_rel_diff_is_per_output_relative_to_its_largest_reference_magnitude():
+    small, large = np.array([1e-3, -2e-3], np.float32), np.array([100.0, -300.0], np.float32)
+    got = [small + np.float32(1e-6), large + np.float32(0.03)]
+    assert stats.max_rel_diff(got, [small, large]) == pytest.approx(max(1e-6 / 2e-3, 0.03 / 300), rel=1e-3)
+    assert stats.max_rel_diff([np.ones(3)], [np.zeros(3)]) == 1.0  # an all-zero reference: absolute
+    assert stats.max_rel_diff([small], [small, large]) == float("inf")
+    assert stats.max_rel_diff([small], [small.copy()]) == 0.0
+
+
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(inputs.BenchError, match="neither an .onnx file nor a zoo model"):
         inputs.resolve_model("no_such_model_xyz")

@@ -37,12 +37,31 @@ def load_average() -> list[float] | None:
         return None
 
 
+def source_state() -> dict | None:
+    """The git commit ortfuse runs from and the files modified against it (a result measured on a
+    work tree with changes says so), or None when ortfuse is not run from a git checkout."""
+    import subprocess
+
+    import ortfuse
+
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(ortfuse.__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"git_commit": commit, "modified": [line[3:] for line in status.splitlines() if line.strip()]}
+
+
 def environment() -> dict:
-    """Date, host, CPU, cores, memory, load average, platform and the versions that matter."""
+    """Date, host, CPU (model and the ISA features kernels are chosen by), cores, memory, load average,
+    platform and the versions that matter (a peer's too: "not installed" where it is not)."""
     import psutil
 
     import ortfuse
-    from ortfuse.kernels.isa import cpu_model
+    from ortfuse.kernels.isa import KNOWN_FEATURES, cpu_model, host_features
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -52,6 +71,7 @@ def environment() -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "cpu_model": cpu_model(),
+        "isa_features": [f for f in KNOWN_FEATURES if f in host_features()],
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "usable_cores": usable,
@@ -59,6 +79,7 @@ def environment() -> dict:
         "load_average_1_5_15": load_average(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "ortfuse_source": source_state(),
         "versions": {
             "ortfuse": ortfuse.__version__,
             "onnxruntime": _version("onnxruntime"),
@@ -66,5 +87,6 @@ def environment() -> dict:
             "numba": _version("numba"),
             "numpy": _version("numpy"),
             "onnxruntime-extensions": _version("onnxruntime-extensions"),
+            "openvino": _version("openvino"),
         },
     }

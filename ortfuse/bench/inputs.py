@@ -1,5 +1,5 @@
-"""The models ``ortfuse bench`` runs (an .onnx path or a zoo name) and their inputs: seeded sample data
-or given arrays (``ortfuse.ir.feeds``), checked on stock ORT before any timing."""
+"""The models ``ortfuse bench`` runs (an .onnx path, a zoo name or a public model's name) and their inputs:
+seeded sample data or given arrays (``ortfuse.ir.feeds``), checked on stock ORT before any timing."""
 
 from __future__ import annotations
 
@@ -13,17 +13,22 @@ class BenchError(Exception):
     """A usage problem (unknown model, bad option); the CLI prints it and exits with 2."""
 
 
+class ModelUnavailable(BenchError):
+    """A public model that could not be fetched; a suite goes on without it (the message: one sentence)."""
+
+
 @dataclass
 class ModelSource:
     """A model to bench and how its inputs are made: arrays from ``npz`` (``--inputs``), else sample
     data with the named dynamic dims ``dims`` (``--dim``; the batch is the bench's own)."""
 
-    label: str  # zoo name or file name as given
+    label: str  # zoo name, public model name or file name as given
     path: str
     zoo: str | None  # zoo name when resolved through ortfuse.models
     description: str = ""
     npz: str | None = None
     dims: dict[str, int] = field(default_factory=dict)
+    public: dict | None = None  # a public model's origin (ortfuse.models.public: package, version, sha256...)
 
 
 def zoo():
@@ -35,9 +40,32 @@ def zoo():
     return models
 
 
+def public_models():
+    """The public models' pins ``ortfuse.models.public``, or None where the zoo package is not installed."""
+    try:
+        from ortfuse.models import public
+    except ImportError:
+        return None
+    return public
+
+
+SUITES = ("public",)  # --suite names
+
+
+def suite_models(suite: str) -> list[str]:
+    """The model names of ``suite``: ``public``, the public models (``ortfuse.models.public``)."""
+    public = public_models()
+    if suite != "public":
+        raise BenchError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    if public is None:
+        raise BenchError("the public suite needs ortfuse.models, which is not installed: pip install -e .")
+    return list(public.NAMES)
+
+
 def resolve_model(arg: str | ModelSource, npz: str | None = None, dims: dict[str, int] | None = None) -> ModelSource:
-    """A path to an .onnx file, or a zoo name built through ``ortfuse.models.build``, with the inputs
-    options ``npz`` and ``dims``; a ``ModelSource`` is returned as it is."""
+    """A path to an .onnx file, a zoo name built through ``ortfuse.models.build``, or a public model's
+    name fetched through ``ortfuse.models.public.fetch`` (``ModelUnavailable`` when that fails), with the
+    inputs options ``npz`` and ``dims``; a ``ModelSource`` is returned as it is."""
     if isinstance(arg, ModelSource):
         return arg
     dims = dict(dims or {})
@@ -46,10 +74,18 @@ def resolve_model(arg: str | ModelSource, npz: str | None = None, dims: dict[str
     models = zoo()
     if models is not None and arg in models.NAMES:
         return ModelSource(arg, str(models.build(arg)), arg, models.describe(arg), npz, dims)
+    public = public_models()
+    if public is not None and arg in public.NAMES:
+        try:
+            path = public.fetch(arg)
+        except public.FetchError as exc:
+            raise ModelUnavailable(f"{arg}: {exc}") from None
+        return ModelSource(arg, str(path), None, public.describe(arg), npz, dims, public.get(arg).record())
     if arg.lower().endswith(".onnx"):
         raise BenchError(f"model file not found: {arg}")
     known = ", ".join(models.NAMES) if models is not None else "(the model zoo ortfuse.models is not installed)"
-    raise BenchError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {known}")
+    named = f"; public models: {', '.join(public.NAMES)}" if public is not None else ""
+    raise BenchError(f"{arg!r} is neither an .onnx file nor a zoo model nor a public model; zoo models: {known}{named}")
 
 
 def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
@@ -78,13 +114,16 @@ def inputs_from_declared(path: str, batch: int, seed: int = 0) -> dict[str, np.n
 
 def make_inputs(src: ModelSource, batch: int, seed: int = 0, check: bool = True) -> dict[str, np.ndarray]:
     """The inputs of ``src`` at ``batch``: its ``npz`` arrays, else sample data (a zoo model's
-    ``sample_inputs``, a file's ``ortfuse.ir.feeds.command_feeds``) with its ``dims``. With ``check``,
-    stock ORT runs them once first: a ``BenchError`` with one sentence and the fix when it raises."""
+    ``sample_inputs`` with its ``dims``, a public model's at its natural shape, a file's
+    ``ortfuse.ir.feeds.command_feeds`` with its ``dims``). With ``check``, stock ORT runs them once
+    first: a ``BenchError`` with one sentence and the fix when it raises."""
     from ortfuse.ir import feeds
 
     try:
         if src.zoo is not None and src.npz is None:
             data = zoo().sample_inputs(src.zoo, batch=batch, seed=seed, dims=src.dims)
+        elif src.public is not None and src.npz is None:
+            data = public_models().sample_inputs(src.label, batch=batch, seed=seed)
         else:
             data = feeds.command_feeds(src.path, src.npz, {**src.dims, "batch": batch}, batch, seed).feeds
         if check:
@@ -92,7 +131,6 @@ def make_inputs(src: ModelSource, batch: int, seed: int = 0, check: bool = True)
     except feeds.FeedError as exc:
         raise BenchError(f"{src.label}: {exc}") from None
     return data
-
 
 
 def npz_batch(src: ModelSource) -> int:

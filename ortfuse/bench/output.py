@@ -22,6 +22,7 @@ def header(doc: dict) -> str:
     machine = (
         f"{env['cpu_model']}, {env['logical_cores']} logical cores ({env['physical_cores']} physical, "
         f"{env['usable_cores']} usable), {platform.system()} {platform.machine()}"
+        + (f" ({' '.join(env['isa_features'])})" if env.get("isa_features") else "")
         + (f", load {load[0]:.2f}" if load else "")
     )
     runs = f"{prot['runs']} timed" if prot["runs"] != "auto" else f"auto (~{prot['auto_runs_budget_s']:.0f} s) timed"
@@ -50,11 +51,15 @@ def header(doc: dict) -> str:
         else "OpenMP/OpenBLAS threads as configured by the environment"
     )
     line2 = f"threads: {spin}, {gap}, intra_op_num_threads={prot['intra_op_num_threads']}; {others}; memory: {mem}"
+    openvino = f", openvino {v['openvino']}" if v.get("openvino", "not installed") != "not installed" else ""
     line3 = (
         f"versions: ortfuse {v['ortfuse']}, onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numba {v['numba']}, "
-        f"numpy {v['numpy']}, python {env['python']}; {env['date']}"
+        f"numpy {v['numpy']}{openvino}, python {env['python']}; {env['date']}"
     )
     lines = [line1, line2, line3]
+    if doc.get("suite"):
+        lines.append(f"suite: {doc['suite']}" + (f" ({len(doc['skipped'])} model(s) not measured, named above)"
+                                                 if doc.get("skipped") else ""))
     if load and env.get("usable_cores") and load[0] > 0.75 * env["usable_cores"]:
         lines.append(
             f"warning: load average {load[0]:.1f} on {env['usable_cores']} cores: other processes compete for the CPU; "
@@ -206,6 +211,7 @@ def summary_rows(doc: dict) -> list[dict]:
                     "aa_control_ratio": ctrl["ratio"] if ctrl else None,
                     "verdict": row.get("verdict"),
                     "max_abs_diff": row.get("max_abs_diff"),
+                    "max_rel_diff": row.get("max_rel_diff"),
                     "peak_mb": _peak_mb(row, doc["protocol"]["memory"]),
                     "create_s": row.get("create_s"),
                     "fused_ops": row.get("fused_ops"),
@@ -225,10 +231,11 @@ def write_json(doc: dict, path: str) -> None:
 
 def result_path(doc: dict, target: str) -> str:
     """Where ``--json TARGET`` writes: TARGET itself, or, when TARGET is a folder (an existing one, or
-    a path ending in a slash), ``TARGET/bench-<models>-<date>.json`` there (``-2``, ``-3``... when that
-    name is taken): the naming of ``benchmarks/results/`` (docs/ARCHITECTURE.md §8)."""
+    a path ending in a slash), ``TARGET/bench-<models>-<date>.json`` there (``bench-<suite>-<date>.json``
+    for a ``--suite`` run; ``-2``, ``-3``... when that name is taken): the naming of
+    ``benchmarks/results/`` (docs/ARCHITECTURE.md §8)."""
     models = "+".join(dict.fromkeys(Path(res["model"]).stem for res in doc["results"])) or "none"
-    return result_file(target, f"bench-{models}-{str(doc['environment']['date'])[:10]}")
+    return result_file(target, f"bench-{doc.get('suite') or models}-{str(doc['environment']['date'])[:10]}")
 
 
 def result_file(target: str, stem: str) -> str:

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from ortfuse.bench.sessions import (
     REFERENCE,
     make_session,
 )
-from ortfuse.bench.stats import max_abs_diff, summarize
+from ortfuse.bench.stats import max_abs_diff, max_rel_diff, summarize
 
 # Defaults of the timing protocol.
 DEFAULT_REPEATS = 5
@@ -92,6 +93,8 @@ def bench(
     progress: bool | None = None,
     on_start=None,
     on_result=None,
+    suite: str | None = None,
+    skipped: list[dict] | None = None,
 ) -> dict:
     """Run the comparison for every model and batch; return everything as a JSON-able dict.
 
@@ -100,7 +103,9 @@ def bench(
     "subprocess" (peak RSS growth of each configuration alone in a child process), "inprocess"
     (RSS growth over session creation and its first run in this process: cheap, rougher) or "off".
     ``on_start(doc)`` is called once the environment and protocol are known (before any session),
-    ``on_result(result)`` after each (model, batch): the CLI prints as the bench goes.
+    ``on_result(result)`` after each (model, batch): the CLI prints as the bench goes. ``suite`` names
+    the suite the models come from (``--suite``) and ``skipped`` lists its models that could not be
+    fetched (``{"model", "reason"}``); both go into the result.
     """
     configs = _check_configs(configs)
     if memory not in ("subprocess", "inprocess", "off"):
@@ -116,10 +121,12 @@ def bench(
         models = [models_zoo.DEFAULT]
     sources = [resolve_model(m) for m in models]  # fail early on a bad name
     started = time.perf_counter()
-    doc = {
+    doc: dict[str, Any] = {
         "schema": SCHEMA,
         "environment": environment(),
         "protocol": _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s),
+        "suite": suite,
+        "skipped": list(skipped or []),
         "results": [],
     }
     if on_start:
@@ -231,6 +238,9 @@ def _bench_model(
         notes = []
         if batch != asked:
             notes.append(f"{src.label} has a fixed batch dimension {batch}; --batch {asked} does not apply")
+        if src.public is not None and src.dims and src.npz is None:
+            notes.append(f"{src.label} runs at its natural input shape; --dim does not apply (give other shapes "
+                         "with --inputs data.npz)")
         seen.add(batch)
         if not first_batch:  # auto decisions are measured at the batch the model runs at
             for name in configs:
@@ -258,6 +268,7 @@ def _bench_model(
             outs = sessions[name].run(None, feeds)
             row = dict(info[name])
             row["max_abs_diff"] = max_abs_diff(outs, reference)
+            row["max_rel_diff"] = max_rel_diff(outs, reference)
             row["rss_first_run_mb"] = (proc.memory_info().rss - rss0) / 2**20
             cfg_rows[name] = row
         for name in configs:  # creation is charged to the first batch; later ones add their first run
@@ -320,6 +331,7 @@ def _bench_model(
             "zoo": src.zoo,
             "path": src.path,
             "description": src.description,
+            "public": src.public,
             "batch": batch,
             "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
             "runs": chosen_runs,

