@@ -5,6 +5,8 @@ GEMM (see custom_ops/kernels/amx_emulated.py for the semantics)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 K_STEP = 32        # K per tdpbf16ps
@@ -97,15 +99,16 @@ def tdpbf16ps_gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return c
 
 
+_erf64 = np.vectorize(math.erf, otypes=[np.float64])  # the C library's erf, to float64 accuracy (no scipy needed)
+
+
 def act64(y: np.ndarray, act: str) -> np.ndarray:
     """The epilogue ``act`` ('+'-joined relu, gelu, gelu_tanh, silu) in float64."""
-    from scipy.special import erf
-
     for step in filter(None, act.split("+")):
         if step == "relu":
             y = np.maximum(y, 0)
         elif step == "gelu":
-            y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
+            y = 0.5 * y * (1 + _erf64(y / np.sqrt(2)))
         elif step == "gelu_tanh":
             y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
         elif step == "silu":
