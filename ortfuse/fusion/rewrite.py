@@ -17,6 +17,7 @@ import onnx
 from ortfuse.fusion import catalogue
 from ortfuse.fusion.apply import apply_matches
 from ortfuse.fusion.catalogue import validate_patterns
+from ortfuse.fusion.discontinuity import deciding_tensors
 from ortfuse.fusion.legality import legality
 from ortfuse.fusion.match import candidates
 from ortfuse.fusion.ort_territory import reserved_for_ort
@@ -109,6 +110,7 @@ def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels:
     """Every candidate of the requested rules decided and reported: rejected (with the reason),
     disabled by the keep policy, or fused (claimed, with its kernel and name). Returns the fused."""
     reserved = reserved_for_ort(ix)
+    deciding = deciding_tensors(ix)
     matches: list[Match] = []
     for rule in catalogue.RULES:
         if rule.id not in ids:
@@ -116,7 +118,7 @@ def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels:
         rejected: set[int] = set()  # nodes of this rule's rejected candidates: not anchors again
         for result in candidates(ix, rule, rejected):
             names = [ix.name_of(n) for n in result.nodes]
-            result = legality(ix, rule, result, reserved)
+            result = legality(ix, rule, result, reserved, deciding)
             if isinstance(result, Match):
                 prefer = kernels(result) if callable(kernels) else kernels
                 selection, lowered = choose_kernel(ix, result, prefer, precision)
@@ -127,7 +129,7 @@ def _decide(ix: GraphIndex, ids: tuple[str, ...], report: FusionReport, kernels:
                 if selection.kernel is None:
                     result = Reject(rule.id, result.nodes, selection.reason)
             if isinstance(result, Reject):
-                rejected |= {id(n) for n in result.nodes}
+                rejected |= {id(n) for n in (result.nodes[:1] if result.shorter_may_fit else result.nodes)}
                 report.matches.append(MatchRecord(rule.id, names, REJECTED, result.reason))
                 continue
             ix.claimed |= {id(n) for n in result.nodes}  # claimed even if the keep policy leaves it unfused

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ortfuse.fusion.discontinuity import deciding_tensors
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.layout import blocked_scale, deconv, depthwise, measure, regions, se_block, winograd
 from ortfuse.layout.probe import block_size
@@ -65,7 +66,12 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     data = data if data is not None else fused.SerializeToString()
     if len(data) > MAX_BYTES:
         return None, "layout: the model is too large to optimize twice"
-    shape = GraphIndex(original).shape  # dims from ONNX shape inference, as the matchers see them
+    index = GraphIndex(original)
+    shape = index.shape  # dims from ONNX shape inference, as the matchers see them
+    deciding = _deciding_output(index)
+    if deciding:
+        return None, (f"layout: {deciding}, a discontinuous op, and ortfuse's blocked kernels are not "
+                      "bit-exact with ORT: ORT's own layout runs")
     if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else
                regions.may_move(n) or n.op_type == "ConvTranspose" or winograd.may_replace(n, fused.graph)
                or depthwise.may_replace(n, fused.graph)
@@ -132,6 +138,18 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
               | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
               | frozenset({depthwise.OP} if dw.replaced else set()))
     return Layout(optimized, native, note), ""
+
+
+def _deciding_output(index: GraphIndex) -> str:
+    """Why the layout step must leave the graph to ORT: a conv, channel scale or op a region would move
+    whose output decides a discontinuous op (``fusion.discontinuity``), else ""."""
+    deciding = deciding_tensors(index)
+    for node in index.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose", "Mul") or regions.may_move(node):
+            tensor = next((o for o in node.output if o in deciding), None)
+            if tensor is not None:
+                return f"the output of {node.op_type} '{index.name_of(node)}' decides {deciding[tensor]}"
+    return ""
 
 
 def _prune_stray_inputs(graph, fused_graph) -> list[str]:

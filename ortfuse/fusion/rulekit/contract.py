@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 # (graph, anchor node) -> a Match, a Reject with its reason, or None (not a candidate here)
 Matcher = Callable[["GraphIndex", "onnx.NodeProto"], Union["Match", "Reject", None]]
+# (graph, match) -> True when every kernel of the match computes bit for bit what ORT computes
+BitExact = Callable[["GraphIndex", "Match"], bool]
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ class PatternRule:
     matches name (``Match.op``), each with its numpy reference; ``native`` and ``lowering``: the
     kernels beyond the reference that serve them; ``explains_near_misses``: a candidate missed only
     because an intermediate tensor is used elsewhere is reported with that reason;
-    ``yields_to_ort``: nodes ORT fuses itself (``ort_territory``) are left to it."""
+    ``yields_to_ort``: nodes ORT fuses itself (``ort_territory``) are left to it; ``bit_exact``: whether
+    a match's kernels give ORT's exact bits (None: never claimed), which a match whose output decides a
+    discontinuous op needs (``fusion.discontinuity``)."""
 
     id: str
     order: int
@@ -90,6 +94,7 @@ class PatternRule:
     lowering: tuple[LoweringForm, ...] = ()
     explains_near_misses: bool = True
     yields_to_ort: bool = False
+    bit_exact: BitExact | None = None
 
     def __post_init__(self) -> None:
         names = {s.name for s in self.specs}

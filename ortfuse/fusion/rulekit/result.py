@@ -28,9 +28,13 @@ class Match:
 
 @dataclass
 class Reject:
+    """A candidate not fused, with the reason. ``shorter_may_fit``: the reason is about where the
+    whole run ends, so later nodes of it may still anchor a shorter candidate."""
+
     pattern_id: str
     nodes: list[onnx.NodeProto]
     reason: str
+    shorter_may_fit: bool = False
 
 
 @dataclass

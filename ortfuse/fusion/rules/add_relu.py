@@ -42,6 +42,8 @@ def _add_relu(elem: int = onnx.TensorProto.FLOAT, sum_is_output: bool = False) -
 
 RULE = PatternRule(
     id=ID, order=40, matcher=match, specs=(SPEC,), native=NATIVE, yields_to_ort=True,
+    # float32 a + b then max(., 0): one IEEE add and a select, ORT's bits; float16 kernels round differently
+    bit_exact=lambda ix, m: m.dtype == "float32",
     examples=(
         Example("add_broadcast_relu", _add_relu),
         Example("float64", lambda: _add_relu(onnx.TensorProto.DOUBLE), reason="no kernel for dtype float64"),

@@ -21,6 +21,11 @@ from ortfuse.ir.graph import GraphIndex
 ID = "eltwise_chain"
 UNARY = frozenset(reference.UNARY) | frozenset(reference.PARAM_UNARY)
 BINARY = frozenset(reference.BINARY)
+# steps whose native form is one IEEE float32 operation (or a select) per element, as in ORT's kernels:
+# no transcendental approximation, no fused multiply-add (HardSigmoid's alpha*x+beta may contract in
+# ORT's build), no libm pow; a chain of only these gives ORT's exact bits (tests/test_discontinuity.py)
+EXACT_STEPS = frozenset({"Relu", "LeakyRelu", "Clip", "Abs", "Neg", "Floor", "Ceil", "Sqrt", "Reciprocal",
+                         "Add", "Sub", "Mul", "Div", "Max", "Min"})
 
 
 def _step(ix: GraphIndex, node: onnx.NodeProto, x: str, operands: list[str]) -> dict | None:
@@ -101,6 +106,11 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     return checked_elementwise(ix, m, x)
 
 
+def bit_exact(ix: GraphIndex, m: Match) -> bool:
+    """True when every step of the chain is in EXACT_STEPS."""
+    return all(step["op"] in EXACT_STEPS for step in json.loads(str(m.attrs["program"])))
+
+
 # FusedEltwiseChain<k>(X, C0..C<k-1>; program) = the program's steps applied to X in order
 SPECS = tuple(OpSpec(f"FusedEltwiseChain{k}", ID, ("X",) + tuple(f"C{i}" for i in range(k)), {"program": str},
                      lambda x, *ops, **a: reference.eltwise_chain(x, *ops, program=a["program"]))
@@ -123,7 +133,7 @@ def _chain(elem: int = onnx.TensorProto.FLOAT, ops: tuple[str, ...] = ("Mul", "A
 RULE = PatternRule(
     id=ID, order=90, matcher=match, specs=SPECS, native=NATIVE,
     explains_near_misses=False,  # a chain simply ends at a shared tensor: not a rejection
-    yields_to_ort=True,
+    yields_to_ort=True, bit_exact=bit_exact,
     examples=(
         Example("mul_add_tanh", _chain),
         Example("float64", lambda: _chain(onnx.TensorProto.DOUBLE), reason="no kernel for dtype float64"),
