@@ -27,8 +27,7 @@ def _record_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def sha256_file(path: Path) -> str:
-    """The sha256 of the file at ``path``, read in 4 MiB pieces."""
+def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -44,7 +43,7 @@ def is_cached(name: str, recipe: str) -> bool:
         return (
             record.get("recipe") == recipe
             and record.get("bytes") == path.stat().st_size
-            and record.get("sha256") == sha256_file(path)
+            and record.get("sha256") == _sha256(path)
         )
     except (OSError, ValueError):
         return False

