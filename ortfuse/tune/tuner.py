@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -230,7 +231,10 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
     return {
         "graph_digest": metadata.graph_digest(model),
         "isa": registry.native_isa(),
-        "cpu_features": sorted(isa.cpu_features()),
+        # the CPU by /proc/cpuinfo, the same in every process (cpu_features() is LLVM's view once numba
+        # is loaded and /proc/cpuinfo's before: the tuning process and the session spelled it apart)
+        "cpu": isa.fingerprint(),
+        "isa_override": os.environ.get(isa.ENV_VAR, ""),
         "versions": ranking.versions(),
         "ranking": ranking.digest(),
         "level": str(level),
