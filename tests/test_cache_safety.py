@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import onnx
@@ -17,6 +21,8 @@ from onnx import helper, numpy_helper
 
 import ortfuse
 from ortfuse.runtime import files, plan_cache
+
+from model_fixtures import ffn_matmul_add_relu
 
 TOL = dict(rtol=1e-4, atol=1e-4)  # fused vs stock ORT, float32
 
@@ -129,3 +135,221 @@ def test_a_plan_made_while_its_model_changed_is_not_stored(tmp_path, monkeypatch
     onnx.save(tiny_cnn(2), path)  # between the key and the store, as a deployment writing the file would
     assert plan_cache.store(cache_key, {"report": {}}, b"fused", []) is None
     assert plan_cache.load(cache_key) is None
+
+
+# ------------------------------------------------------------------ 2. a private cache
+
+def _modes(root: pathlib.Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+def test_every_folder_is_0700_and_every_file_0600_under_umask_022(tmp_path):
+    cache = tmp_path / "fresh" / "cache"
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(tiny_cnn(1), path)
+    proc = python(f"""
+        import os
+        os.umask(0o022)
+        import ortfuse
+        from ortfuse.kernels import ranking
+        from ortfuse.layout import choice_cache
+        from ortfuse.models import cache as model_cache
+        assert ortfuse.InferenceSession({path!r}, fusion=True).fusion_report.applied
+        ranking.record({{"Conv|silu|float32": {{"order": ["native", "ort"]}}}})
+        choice_cache.remember("probe", True, [0.9])
+        with model_cache.locked("tiny"):
+            model_cache.store("tiny", b"model bytes", "recipe")
+    """, ORTFUSE_CACHE_DIR=str(cache))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modes = _modes(cache)
+    folders = {name: mode for name, mode in modes.items() if (cache / name).is_dir()}
+    assert set(folders.values()) == {0o700}, folders
+    loose = {name: oct(mode) for name, mode in modes.items() if name not in folders and mode != 0o600}
+    assert loose == {}
+    for sub in ("plans", "tuning", "models", "sources", "digests"):
+        assert sub in modes, sorted(modes)
+    assert any(name.startswith("plans/") and name.endswith(".onnx") for name in modes)
+
+
+def _library_name(tmp_path) -> str:
+    """The file name this ortfuse looks for in ``<cache>/ops/`` (its key), asked of a fresh process."""
+    proc = python("from ortfuse.custom_ops.aot.library import default_path; print(default_path().name)",
+                  ORTFUSE_CACHE_DIR=str(tmp_path / "probe"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def plant_library(path: pathlib.Path, marker: pathlib.Path) -> None:
+    """A shared library whose constructor creates ``marker`` the moment it is loaded."""
+    from ortfuse.custom_ops.aot.toolchain import compiler
+
+    source = path.with_suffix(".c")
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void planted(void) '
+                      f'{{ FILE* f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    subprocess.run([*compiler(), "-shared", "-fPIC", "-o", str(path), str(source)], check=True, timeout=120)
+
+
+def test_a_library_planted_in_a_world_writable_cache_is_never_loaded(tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "ops").mkdir(parents=True)
+    for folder in (shared, shared / "ops"):
+        folder.chmod(0o777)
+    marker = tmp_path / "planted-code-ran"
+    plant_library(shared / "ops" / _library_name(tmp_path), marker)
+    env = {k: v for k, v in os.environ.items() if k != "ORTFUSE_OPS_LIBRARY"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        from ortfuse.custom_ops.aot import library
+        assert library.loaded() is None
+        assert not os.path.exists({str(marker)!r}), "the planted library was loaded"
+        assert not library.build_in_background()  # nothing is built into a refused cache either
+    """)], capture_output=True, text=True, env={**env, "ORTFUSE_CACHE_DIR": str(shared)}, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not marker.exists()
+    assert "writable by other users" in proc.stderr and "runs without that cache" in proc.stderr
+
+
+def test_a_refused_cache_still_fuses_and_leaves_it_untouched(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(shared))
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(tiny_cnn(1), path)
+    with pytest.warns(RuntimeWarning, match="writable by other users"):
+        session = ortfuse.InferenceSession(path, fusion=True)
+    assert session.fusion_report.applied
+    np.testing.assert_allclose(session.run(None, cnn_feed())[0], stock(path), **TOL)
+    assert list(shared.iterdir()) == []
+
+
+def test_a_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    from ortfuse.runtime import cache_paths
+
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "theirs"))
+    (tmp_path / "theirs").mkdir(mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path / "theirs").st_uid + 1)  # as another user sees it
+    with pytest.warns(RuntimeWarning, match="owned by another user"):
+        folder = cache_paths.cache_dir(cache_paths.PLANS)
+    assert tmp_path not in folder.parents and cache_paths.in_scratch(folder)
+
+
+def test_numba_cache_folder_writable_by_others_is_refused(tmp_path, monkeypatch):
+    from ortfuse.custom_ops import numba_setup
+
+    shared = tmp_path / "numba"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(shared))
+    with pytest.warns(RuntimeWarning, match="NUMBA_CACHE_DIR"):
+        root = numba_setup.cache_root()
+    assert pathlib.Path(root) != shared and shared not in pathlib.Path(root).parents
+
+
+# ------------------------------------------------------------------ 3. only load what we built
+
+def test_a_configured_library_that_is_not_ortfuse_s_is_refused_before_it_loads(tmp_path, monkeypatch):
+    from ortfuse.custom_ops.aot import library
+
+    marker = tmp_path / "planted-code-ran"
+    plant_library(tmp_path / "libother.so", marker)
+    monkeypatch.setenv(library.ENV, str(tmp_path / "libother.so"))
+    with pytest.raises(library.LibraryError, match="not an ortfuse ops library of this version"):
+        library.library_path()
+    proc = python("""
+        from ortfuse.custom_ops.aot import library
+        assert library.loaded() is None
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not an ortfuse ops library of this version" in proc.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("tamper", ["none", "bytes", "key"])
+def test_a_cache_library_loads_only_with_the_record_of_its_build(tmp_path, tamper):
+    """The run's library copied into a fresh cache under this machine's name, with the record of its
+    build: loaded as it is; changed after its build, or recorded with another key, not loaded."""
+    from ortfuse.custom_ops.aot import library
+
+    built = pathlib.Path(library.library_path())  # the run's library (tests/conftest.py)
+    cache = tmp_path / "cache"
+    target = cache / "ops" / _library_name(tmp_path)
+    target.parent.mkdir(parents=True)
+    data = built.read_bytes()
+    target.write_bytes(data + (b"\0" if tamper == "bytes" else b""))
+    target.chmod(0o600)
+    record = {"key": "0" * 20 if tamper == "key" else target.name.rsplit("-", 1)[1][:-3],
+              "sha256": hashlib.sha256(data).hexdigest()}
+    pathlib.Path(str(target) + ".json").write_text(json.dumps(record))
+    env = {k: v for k, v in os.environ.items() if k != library.ENV}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from ortfuse.custom_ops.aot import library
+        library.build_in_background = lambda: False  # no rebuild from the test
+        print("loaded" if library.loaded() is not None else "refused")
+    """)], capture_output=True, text=True, env={**env, "ORTFUSE_CACHE_DIR": str(cache)}, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ("loaded" if tamper == "none" else "refused"), proc.stderr[-2000:]
+    if tamper != "none":
+        assert "not the file ortfuse built there" in proc.stderr
+
+
+# ------------------------------------------------------------------ 4. children start clean
+
+def _fused_with_native_ops() -> onnx.ModelProto:
+    from ortfuse.tune import kernel_compile
+
+    fused, report = ortfuse.fuse(ffn_matmul_add_relu())
+    assert report.applied and kernel_compile.needs_kernels(fused)
+    return fused
+
+
+def test_a_child_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    from ortfuse.tune import kernel_compile
+
+    marker = tmp_path / "planted-module-ran"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for name in ("onnx", "numpy", "runpy"):  # what the compiling child imports first
+        (cwd / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise ImportError('planted')\n")
+    monkeypatch.chdir(cwd)
+    assert kernel_compile.compile_kernels(_fused_with_native_ops()) == ""
+    assert not marker.exists()
+
+
+def test_a_stopped_child_does_not_outlive_its_parent(tmp_path):
+    """The parent stops its compiling child (as during a served run) and dies at once: the child
+    must end too, stopped or not."""
+    path = tmp_path / "fused.onnx"
+    onnx.save(_fused_with_native_ops(), str(path))
+    proc = python(f"""
+        import os, signal, sys, onnx
+        from ortfuse.tune import kernel_compile
+
+        def on_start(child):
+            if child is not None:
+                os.kill(child.pid, signal.SIGSTOP)
+                print(child.pid, flush=True)
+                os._exit(0)
+
+        kernel_compile.compile_kernels(onnx.load({str(path)!r}), on_start=on_start)
+        sys.exit("the child ended before it could be stopped")
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pid = int(proc.stdout.split()[-1])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        assert not _alive(pid)
+    finally:
+        if _alive(pid):  # the test failed: leave no stopped process behind
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs or is stopped (a zombie has ended; its reaper may be slow in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

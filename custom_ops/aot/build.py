@@ -129,7 +129,7 @@ def _compile_all(all_units: list, isa: str, workdir: str, jobs: int) -> list[str
     return outs
 
 
-def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
+def build(out_path: str, isa: str, key: str, jobs: int, version: str = "") -> dict:
     """Build the library at ``out_path``; returns what was built (ops, seconds per step)."""
     from ortfuse.custom_ops.aot.glue import c_source
     from ortfuse.custom_ops.aot.toolchain import link_shared
@@ -148,7 +148,7 @@ def build(out_path: str, isa: str, key: str, jobs: int) -> dict:
         objects = _compile_all(all_units, isa, workdir, jobs)
         t1 = time.perf_counter()
         source = c_source(records, tokens, IR_CALLBACKS, [u.symbol for u in all_units], key=key, isa=isa,
-                          domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN,
+                          domain=DOMAIN, parallel_min=DEFAULT_PARALLEL_MIN, version=version,
                           omitted=tuple(sorted(set(library_op_table(ISA_LEVELS[0])) - set(library_op_table(isa)))))
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
@@ -171,9 +171,10 @@ def main(argv=None) -> int:
     ap.add_argument("--isa", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="")
+    ap.add_argument("--version", default="", help="library.version(), checked before the library is loaded")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args(argv)
-    print(json.dumps(build(args.out, args.isa, args.key, args.jobs)))
+    print(json.dumps(build(args.out, args.isa, args.key, args.jobs, args.version)))
     return 0
 
 

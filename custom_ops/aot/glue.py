@@ -12,7 +12,7 @@ functions) and the entry points (docs/ARCHITECTURE.md §6b):
   ortfuse's own sessions add to onnxruntime-extensions (``AddExternalCustomOp``) as the JIT path does;
 * ``ortfuse_aot_use_pool(pool)``: point every record at the caller's pool block (the process's one
   set of counters and threading settings) instead of the library's own;
-* ``ortfuse_aot_info()``: ``"key=<library key>;isa=<level>;omitted=<op,...>"``, checked when the
+* ``ortfuse_aot_info()``: ``"key=<library key>;isa=<level>;version=<version>;omitted=<op,...>"``, checked when the
   library is loaded (``omitted``: the native ops a higher level's library holds, whose instructions
   this level lacks);
 * ``ortfuse_aot_node_attrs(i)``: ``"module:function"`` of the op's ``NativeOpDef.node_attrs`` (""
@@ -137,7 +137,7 @@ def _function_ref(fn) -> str:
 
 
 def c_source(records, tokens: Tokens, ir_callbacks: dict, unit_symbols: list[str], *, key: str, isa: str,
-             domain: str, parallel_min: int, omitted: tuple[str, ...] = ()) -> str:
+             domain: str, parallel_min: int, omitted: tuple[str, ...] = (), version: str = "") -> str:
     """The glue's C source for ``records`` (``OpRecord``s built with ``tokens``); each record's op
     definition names its ``node_attrs`` function (``module:qualname``) for ``ortfuse_aot_node_attrs``."""
     blocks = _collect(records)
@@ -164,7 +164,7 @@ def c_source(records, tokens: Tokens, ir_callbacks: dict, unit_symbols: list[str
                  + ", ".join(f"ortfuse_name_{i}" for i in range(n)) + "};")
     lines.append(f"static const char* const ortfuse_node_attrs[{max(n, 1)}] = {{"
                  + ", ".join(f'"{_function_ref(r.op_def.node_attrs)}"' for r in records) + "};")
-    info = f"key={key};isa={isa};omitted={','.join(omitted)}"
+    info = f"key={key};isa={isa};version={version};omitted={','.join(omitted)}"
     create_domain, domain_add, add_domain = (abi.REGISTRATION_API_INDEX[k] for k in
                                              ("CreateCustomOpDomain", "CustomOpDomain_Add", "AddCustomOpDomain"))
     lines.append(_ENTRY_POINTS.format(

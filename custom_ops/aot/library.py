@@ -1,5 +1,5 @@
 """The ahead-of-time ops library at run time (no numba, no llvmlite): where it lives, building it,
-loading it and handing its records to the native runtime (docs/ARCHITECTURE.md §6b).
+checking it, loading it and handing its records to the native runtime (docs/ARCHITECTURE.md §6b).
 
 One library per ISA level, CPU and versions: ``<cache>/ops/libortfuse_ops-<level>-<key>.so``, where
 the key digests the CPU fingerprint, the level, ortfuse's ``custom_ops`` sources and the versions of
@@ -7,21 +7,33 @@ ortfuse, onnxruntime, numba and llvmlite. A changed kernel or upgrade gives a ne
 is never loaded. ``ORTFUSE_OPS_LIBRARY``: ``off`` never uses a library (the in-process numba path
 runs); a path uses that file.
 
+Only what ortfuse built is loaded (a library runs code as it is loaded, so every check comes
+before): the file must be this user's alone (owned by them, or by root for a configured path, and
+writable by nobody else) and name in its bytes an ortfuse library of this version
+(``key=...;isa=...;version=...``, ``ortfuse_aot_info``); the cache's library must also match the
+record its build left beside it (``<library>.json``: key and sha256 of the file) and carry this
+machine's key. A cache library that fails is built again (``library_path``) or, in a session,
+left for in-process kernels with a warning (``loaded``); a configured one that names another
+version is refused with the reason. A refused cache folder (``cache_paths``) holds no library.
+
 ``library_path(build_missing=True)`` builds a missing library in a child process (``aot.build``:
 numba compiles every native op for the level, a C toolchain links them), one build at a time per
-file (a lock file), and returns its path; ``loaded()`` returns the library already on disk, loaded
-once per process, or None (it never builds: the native runtime then compiles in-process as before,
-says so once, and ``build_in_background`` starts the build for the next processes).
+file (``runtime.files.locked``), and returns its path; ``loaded()`` returns the library already on
+disk, loaded once per process, or None (it never builds: the native runtime then compiles in-process
+as before, says so once, and ``build_in_background`` starts the build for the next processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -62,12 +74,73 @@ def level() -> str:
 
 
 def key(isa_level: str | None = None) -> str:
+    """The library's key on this machine: CPU fingerprint, level, sources and versions."""
     from ortfuse.kernels import isa
     from ortfuse.runtime.versions import installed
 
     versions = installed(("ortfuse", "onnxruntime", "numba", "llvmlite"))
     text = json.dumps([isa.fingerprint(), isa_level or level(), source_digest(), versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def version() -> str:
+    """What a library built on any machine must carry to be loaded by this ortfuse: the sources and
+    versions of ``key`` without the CPU and level (``ortfuse ops-library --out`` builds for others)."""
+    from ortfuse.runtime.versions import installed
+
+    versions = installed(("ortfuse", "onnxruntime", "numba", "llvmlite"))
+    return hashlib.sha256(json.dumps([source_digest(), versions], sort_keys=True).encode()).hexdigest()[:20]
+
+
+_INFO = re.compile(rb"key=([0-9a-f]{20});isa=([A-Za-z0-9_]+);version=([0-9a-f]{20});")
+
+
+def _info(data) -> re.Match | None:
+    """The ``key=...;isa=...;version=...;`` string of a library's bytes (``ortfuse_aot_info``), or None."""
+    pos = data.find(b"key=")
+    while pos >= 0:
+        found = _INFO.match(bytes(data[pos:pos + 96]))
+        if found is not None:
+            return found
+        pos = data.find(b"key=", pos + 1)
+    return None
+
+
+def _record(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def refusal(path: Path, configured: bool) -> str:
+    """Why the library file ``path`` must not be loaded ("" when it may), decided before it is opened
+    (see the module docstring); ``configured``: named by ``ORTFUSE_OPS_LIBRARY``."""
+    from ortfuse.runtime.cache_paths import not_owned
+    from ortfuse.runtime.files import content_digest
+
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found = _info(data)
+    except (OSError, ValueError) as exc:
+        return f"it cannot be read ({exc})"
+    owner = not_owned(st)
+    if owner and not (configured and st.st_uid == 0 and not owner.startswith("writable")):
+        return f"it is {owner}"
+    if found is None or found.group(3).decode() != version():
+        return "it is not an ortfuse ops library of this version"
+    if configured:
+        return ""
+    try:
+        record = json.loads(_record(path).read_text())
+        if not_owned(os.stat(_record(path))):
+            raise ValueError("record not ours")
+        built = (record["key"], record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no record of its build lies beside it"
+    digest = content_digest(path)
+    if built[0] != key(found.group(2).decode()) or found.group(1).decode() != built[0] or \
+            digest is None or digest.sha256 != built[1]:
+        return "it is not the file ortfuse built there"
+    return ""
 
 
 def default_path(isa_level: str | None = None) -> Path:
@@ -101,6 +174,7 @@ class OpsLibrary:
         info = dict(part.split("=", 1) for part in self.cdll.ortfuse_aot_info().decode().split(";"))
         self.isa = info.get("isa", "")
         self.key = info.get("key", "")
+        self.version = info.get("version", "")
         count = range(self.cdll.ortfuse_aot_count())
         self.ops = {self.cdll.ortfuse_aot_name(i).decode(): int(self.cdll.ortfuse_aot_op(i)) for i in count}
         self.node_attrs = {self.cdll.ortfuse_aot_name(i).decode(): self.cdll.ortfuse_aot_node_attrs(i).decode()
@@ -112,54 +186,71 @@ class OpsLibrary:
 
 
 def build(path: Path | None = None, isa_level: str | None = None, jobs: int | None = None) -> dict:
-    """Build the library at ``path`` (default: this machine's) in a child process; returns the
-    build's summary. Raises LibraryError with the reason when it fails."""
+    """Build the library at ``path`` (default: this machine's) in a child process, and record its
+    key and digest beside it (``<library>.json``); returns the build's summary. Raises LibraryError
+    with the reason when it fails."""
+    import tempfile
+
     from ortfuse.kernels.isa import numba_env
+    from ortfuse.runtime.files import FILE_MODE, content_digest, write_atomic
 
     lv = isa_level or level()
     path = Path(path) if path is not None else default_path(lv)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    import tempfile
-
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortfuse-aot-numba-") as numba_cache:
         env = {**os.environ, **numba_env(lv), "NUMBA_CACHE_DIR": numba_cache}
-        cmd = [sys.executable, "-m", "ortfuse.custom_ops.aot.build", "--isa", lv, "--key", key(lv),
-               "--out", str(path)]
+        cmd = [*python_argv(), "-m", "ortfuse.custom_ops.aot.build", "--isa", lv, "--key", key(lv),
+               "--version", version(), "--out", str(path)]
         if jobs:
             cmd += ["--jobs", str(jobs)]
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        try:  # started in a private folder: nothing of the caller's working directory is imported
+            done = subprocess.run(cmd, env=env, cwd=numba_cache, capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LibraryError(f"building the ortfuse ops library failed: {exc}") from exc
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
         raise LibraryError(f"building the ortfuse ops library failed: {last[0]}")
+    try:
+        os.chmod(path, FILE_MODE)
+        digest = content_digest(path)
+        if digest is None:
+            raise OSError("the built library cannot be read")
+        write_atomic(_record(path), json.dumps({"key": key(lv), "version": version(), "sha256": digest.sha256}))
+    except OSError as exc:
+        raise LibraryError(f"recording the built ortfuse ops library failed: {exc}") from exc
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _lock_file(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(str(path) + ".lock", "w")  # noqa: SIM115 - held until the build ends
-    fcntl.flock(f, fcntl.LOCK_EX)
-    return f
+def python_argv() -> list[str]:
+    """This interpreter, told not to put the working directory (or a script's folder) on the path
+    (``-P``, Python 3.11+; before that the caller starts the child in a folder of its own)."""
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
 
 
 def library_path(build_missing: bool = True) -> Path:
-    """Path of this machine's ops library, built first when missing (``build_missing``); LibraryError
-    when it is disabled, missing or cannot be built."""
+    """Path of this machine's ops library, built first when missing or refused (``build_missing``);
+    LibraryError when it is disabled, missing, refused (a configured file) or cannot be built."""
+    from ortfuse.runtime.files import locked
+
     if disabled():
         raise LibraryError(f"the ops library is disabled by {ENV}")
     path = _configured_path()
-    if path.is_file() or not build_missing:
+    if os.environ.get(ENV, "").strip():
         if not path.is_file():
+            raise LibraryError(f"{ENV} names {path}, which does not exist")
+        why = refusal(path, configured=True)
+        if why:
+            raise LibraryError(_configured_refusal(path, why))
+        return path
+    if not build_missing:
+        if not path.is_file() or refusal(path, configured=False):
             raise LibraryError(f"no ops library at {path}")
         return path
-    if os.environ.get(ENV, "").strip():
-        raise LibraryError(f"{ENV} names {path}, which does not exist")
-    with _lock, _lock_file(path):
-        if not path.is_file():  # another process may have built it while this one waited
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _lock, locked(path):
+        # another process may have built it while this one waited; a refused file is built again
+        if not path.is_file() or refusal(path, configured=False):
             t0 = time.perf_counter()
             summary = build(path)
             log.info("ortfuse: built the ops library %s (%d ops, %.0f s)", path, len(summary["ops"]),
@@ -167,21 +258,30 @@ def library_path(build_missing: bool = True) -> Path:
     return path
 
 
+def _configured_refusal(path: Path, why: str) -> str:
+    return (f"{ENV} names {path}, which is refused: {why} (build one with `ortfuse ops-library --out {path}`, "
+            f"or unset {ENV})")
+
+
 def build_in_background() -> bool:
     """Start building this machine's library in a detached child process at the lowest CPU priority
     (``python -m ortfuse ops-library``), so that later processes load it; this process keeps
-    compiling in-process. Not when a library path is configured or the library is disabled. True
-    when a build was started."""
-    if os.environ.get(ENV, "").strip() or _state.get("background"):
+    compiling in-process. Not when a library path is configured, the library is disabled or the
+    cache folder was refused. True when a build was started."""
+    from ortfuse.runtime.cache_paths import in_scratch
+
+    if os.environ.get(ENV, "").strip() or _state.get("background") or in_scratch(default_path()):
         return False
     _state["background"] = True
-    try:
-        subprocess.Popen([sys.executable, "-m", "ortfuse", "ops-library"], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         preexec_fn=lambda: os.nice(19))  # noqa: PLW1509 - only nice() runs in the child
+    try:  # its own session (no terminal's signals), started in "/" (nothing there to import)
+        child = subprocess.Popen([*python_argv(), "-m", "ortfuse", "ops-library"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                 cwd=os.path.abspath(os.sep))
     except OSError as exc:
         log.info("ortfuse: could not start building the ops library: %s", exc)
         return False
+    with contextlib.suppress(AttributeError, OSError):  # ended already, or no priorities here: it builds at ours
+        os.setpriority(os.PRIO_PROCESS, child.pid, 19)
     return True
 
 
@@ -195,10 +295,23 @@ def loaded() -> OpsLibrary | None:
                 try:
                     path = _configured_path()
                     if path.is_file():
+                        configured = bool(os.environ.get(ENV, "").strip())
+                        why = refusal(path, configured)
+                        if why:
+                            log.warning("ortfuse: %s; compiling kernels in-process",
+                                        _configured_refusal(path, why) if configured else
+                                        f"not loading the ops library {path}: {why} (it is built again "
+                                        "for later processes)")
+                            build_in_background()
+                            return None
                         lib = OpsLibrary(path)
                         if lib.isa != level():  # numba targets another level here: labels must stay true
                             log.info("ortfuse: the ops library %s is built for %s, this process compiles "
                                      "for %s; compiling kernels in-process", path, lib.isa, level())
+                            return None
+                        if lib.version != version() or (not configured and lib.key != key()):
+                            log.warning("ortfuse: the ops library %s names another build (key %s); compiling "
+                                        "kernels in-process", path, lib.key)
                             return None
                         from ortfuse.custom_ops.native.pool import POOL
 

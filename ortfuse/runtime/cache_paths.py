@@ -48,14 +48,21 @@ def cache_dir(sub: str = "") -> Path:
     """The cache root (``sub``: one user's folder under it), created private; a private temporary
     folder instead when the root or that folder is not this user's alone (see the module docstring)."""
     root = configured_root()
-    folder = root / sub if sub else root
-    refused, why = root, not_private(root, tighten=False)
-    if not why and sub:
-        refused, why = folder, not_private(folder, tighten=True)
+    base = private(root, "")
+    if not sub:
+        return base
+    return private(root / sub, sub, tighten=True) if base == root else scratch_dir(sub)
+
+
+def private(folder: Path, sub: str, tighten: bool = False, fix: str = f"point {ENV} at a folder only you can write"
+            ) -> Path:
+    """``folder`` when it is this user's alone (``not_private``), else (warned once) this process's
+    private temporary folder ``sub``."""
+    why = not_private(folder, tighten)
     if not why:
         return folder
-    _warn_once(str(refused), f"ortfuse: the cache folder {refused} is {why}, so ortfuse neither reads nor "
-               f"writes it and runs without that cache (point {ENV} at a folder only you can write)")
+    _warn_once(str(folder), f"ortfuse: the cache folder {folder} is {why}, so ortfuse neither reads nor "
+               f"writes it and runs without that cache ({fix})")
     return scratch_dir(sub)
 
 

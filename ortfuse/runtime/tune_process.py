@@ -6,7 +6,8 @@ onnx and ORT hold the GIL through those C calls (up to tens of milliseconds each
 thread delays the served runs of its own process however it yields. A child process holds no lock
 the server waits for, and a stopped process (SIGSTOP) takes no core: served runs get the machine.
 Between served runs it runs at the lowest CPU priority from its first instruction
-(``kernel_compile.idle_argv``: its interpreter start-up and imports included), so a
+(``kernel_compile.child_argv``: its interpreter start-up and imports included; it dies with
+the serving process, and is stopped only once its death signal is set), so a
 request that arrives while it computes wakes the serving thread at once; on a machine busy with other
 work it then measures slowly, and may end on stock ORT (``yielding.Starved``, the wall-clock stop).
 
@@ -45,7 +46,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
-from ortfuse.tune.kernel_compile import idle_argv
+from ortfuse.tune.kernel_compile import child_argv, child_env, wait_for
 
 POLL_S = 0.02
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
@@ -102,11 +102,8 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
          on_start: Callable[[subprocess.Popen | None], None] = lambda p: None,
          stopped: Callable[[], bool] = lambda: False) -> Outcome:
     """See the module docstring."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="ortfuse-tune-") as folder:
-        model = source
+        model = os.path.abspath(source) if isinstance(source, str) else source  # the child runs in the folder
         if isinstance(source, bytes):
             model = os.path.join(folder, "model.bytes")
             Path(model).write_bytes(source)
@@ -121,14 +118,14 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
         errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
         try:
             with open(errors, "wb") as sink:
-                child = subprocess.Popen(idle_argv([sys.executable, "-m", "ortfuse.runtime.tune_process", folder]),
-                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink)
+                child = subprocess.Popen(child_argv("ortfuse.runtime.tune_process", [folder],
+                                                    os.path.join(folder, "started")),
+                                         env=child_env(), cwd=folder, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=sink)
         except OSError as exc:
             return Outcome(error=f"the tuning process did not start ({exc})")
-        on_start(child)
         try:
-            while child.poll() is None and not stopped():
-                time.sleep(POLL_S)
+            wait_for(child, os.path.join(folder, "started"), on_start, stopped, POLL_S)
         finally:
             on_start(None)
             if child.poll() is None:
@@ -211,9 +208,8 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ortfuse.tune.kernel_compile import background_priority, die_with_parent
+    from ortfuse.tune.kernel_compile import background_priority
 
-    die_with_parent()
     background_priority()
     outcome = _child(argv[0])
     Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))

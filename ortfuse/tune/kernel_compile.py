@@ -65,24 +65,21 @@ def compile_kernels(fused, on_start: Callable[[subprocess.Popen | None], None] =
     if not stoppable():
         compile_here(fused)
         return "no SIGSTOP on this platform: compiled in this process"
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="ortfuse-compile-") as folder:
         path = os.path.join(folder, "fused.onnx")
         with open(path, "wb") as fh:
             fh.write(fused.SerializeToString())
+        ready = os.path.join(folder, "started")
         try:
-            child = subprocess.Popen(idle_argv([sys.executable, "-m", "ortfuse.tune.kernel_compile", path]), env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            child = subprocess.Popen(child_argv("ortfuse.tune.kernel_compile", [path], ready), env=child_env(),
+                                     cwd=folder, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
         except OSError as exc:
             compile_here(fused)
             return f"the compiling process did not start ({exc}): compiled in this process"
-        on_start(child)
         deadline = time.monotonic() + timeout_s
         try:
-            while child.poll() is None and not stopped() and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+            wait_for(child, ready, on_start, lambda: stopped() or time.monotonic() >= deadline)
         finally:
             on_start(None)
             if child.poll() is None:
@@ -97,12 +94,53 @@ def compile_kernels(fused, on_start: Callable[[subprocess.Popen | None], None] =
     return ""
 
 
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent ends (a stopped child must not outlive it)."""
-    with contextlib.suppress(Exception):
-        import ctypes
+# Run first in a child (``python -c``), before any import of ortfuse or numpy: the death signal
+# (Linux's PR_SET_PDEATHSIG, SIGKILL, which also ends a stopped process), then a check that the
+# parent that started it still lives (it may have ended before the signal was set), then the file
+# that tells the parent it may stop this child from now on, then the module as ``__main__``.
+_START = """import ctypes, os, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(70)
+open(sys.argv[2], "x").close()
+import runpy
+sys.argv = sys.argv[3:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+def child_argv(module: str, args: list[str], ready: str) -> list[str]:
+    """The command that runs ``python -m module args`` as a child of this process that never outlives
+    it (``_START``), at idle priority (``idle_argv``), with no working directory on its path
+    (``python_argv``; the caller also starts it in a folder of its own). ``ready``: the file the
+    child creates once its death signal is set; ``wait_for`` hands the child over only then."""
+    from ortfuse.custom_ops.aot.library import python_argv
+
+    return idle_argv([*python_argv(), "-c", _START, str(os.getpid()), ready, module, *args])
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the folder that holds ortfuse first on ``PYTHONPATH``."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def wait_for(child: subprocess.Popen, ready: str, on_start: Callable[[subprocess.Popen | None], None],
+             stopped: Callable[[], bool], poll_s: float = POLL_S) -> None:
+    """Wait until ``child`` ends or ``stopped()``; ``on_start(child)`` (the caller may stop it from
+    then on) once it has created ``ready``: a child stopped before its death signal is set would
+    outlive this process."""
+    handed = False
+    while child.poll() is None and not stopped():
+        if not handed and os.path.exists(ready):
+            handed = True
+            on_start(child)
+        time.sleep(poll_s)
 
 
 def idle_argv(argv: list[str]) -> list[str]:
@@ -141,7 +179,6 @@ def background_priority() -> str:
 def main(argv: list[str]) -> int:
     import onnx
 
-    die_with_parent()
     background_priority()  # a process of its own: it holds no lock the server waits for
     compile_here(onnx.load(argv[0]))
     return 0
