@@ -586,3 +586,33 @@ def test_a_tuning_in_its_own_process_imports_nothing_of_the_tuner_here(tmp_path)
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("broken", ["raises", "missing"])
+def test_a_swap_onnxruntime_refuses_leaves_the_session_on_its_plan(winning, monkeypatch, tmp_path, broken):
+    """ORT's private ``_bind_session`` raising mid-swap, or absent (an older onnxruntime): the session
+    keeps its C session, its model path (ORT re-reads it on set_providers) and its answers."""
+    model = ffn_matmul_add_relu()
+    path = str(tmp_path / "ffn.onnx")
+    onnx.save(model, path)
+    stock = _stock(model)
+    session = ortfuse.InferenceSession(path, fusion="auto")
+    if broken == "raises":
+        def refuse(sess):
+            session._sess = sess  # part of the binding done, as a failure inside ORT's method would leave it
+            raise RuntimeError("bind refused")
+
+        session._bind_session = refuse
+    else:
+        monkeypatch.delattr(onnxruntime.InferenceSession, "_bind_session")
+    first = session._sess
+    for feeds in _feeds():
+        _check(session, stock, feeds)
+    assert session.wait_tuned(WAIT_S), session.fusion_status
+    assert session.fusion_status.startswith("stock ORT: "), session.fusion_status
+    assert ("bind refused" if broken == "raises" else "_bind_session") in session.fusion_status
+    assert session._sess is first and session._model_path == path
+    vars(session).pop("_bind_session", None)
+    monkeypatch.undo()  # ORT's own set_providers binds its new session with it
+    session.set_providers(["CPUExecutionProvider"])  # rebuilt from the model path the session holds
+    _check(session, stock, ffn_inputs(batch=3, seq=5, seed=11))

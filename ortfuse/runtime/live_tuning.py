@@ -493,6 +493,9 @@ class LiveTuning:
 
     def _build(self, session, prepared):
         """A new ORT C session on the fused plan, made as ORT's ``_create_inference_session`` makes one."""
+        why = swap_unsupported(session)
+        if why:
+            raise _Unfit(why)
         from onnxruntime.capi import _pybind_state as C
         from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args
 
@@ -533,10 +536,16 @@ class LiveTuning:
         source = prepared.source
         with self._lock:
             old = session._sess
+            kept = dict(vars(session))
+            try:  # ORT's private API: a failure leaves the session as it was, serving its plan
+                session._bind_session(new)
+            except Exception as exc:
+                vars(session).update(kept)
+                raise _Unfit(f"onnxruntime {_ort_version()} did not take the new plan's session "
+                             f"({one_sentence(exc)}); kept the current plan") from exc
             session._model_path, session._model_bytes = (source, None) if isinstance(source, str) else (None, source)
             session._sess_options_initial = prepared.sess_options
             session._ortfuse_disabled_optimizers = prepared.disabled_optimizers
-            session._bind_session(new)
             self._retired.append(old)
             self._swapped_at = self._runs + 1
             prepared.report.notes.append(f"auto: swapped in from served run {self._swapped_at}")
@@ -569,6 +578,31 @@ class LiveTuning:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return getattr(onnxruntime, "__version__", "?")
+
+
+def swap_unsupported(session) -> str:
+    """Why this onnxruntime cannot take a plan swapped into a live session ("" when it can): the swap
+    uses ORT's private ``InferenceSession._bind_session``, ``_pybind_state.InferenceSession`` and
+    ``check_and_normalize_provider_args``, which an onnxruntime the package accepts may lack."""
+    try:
+        from onnxruntime.capi import _pybind_state as C
+        from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args  # noqa: F401
+    except ImportError as exc:
+        return f"onnxruntime {_ort_version()} lacks what a live swap needs ({exc}); a new session uses the plan"
+    missing = [name for name, found in (("InferenceSession._bind_session", getattr(type(session), "_bind_session",
+                                                                                     None)),
+                                        ("_pybind_state.InferenceSession", getattr(C, "InferenceSession", None)))
+               if not callable(found)]
+    if missing:
+        return (f"onnxruntime {_ort_version()} has no {', '.join(missing)}, which a live swap needs; a new session "
+                "uses the tuned plan")
+    return ""
 
 
 def _remove(path: str) -> None:
