@@ -353,3 +353,59 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ------------------------------------------------------------------ 7. concurrent processes
+
+WRITER = """
+import sys
+from ortfuse.kernels import ranking
+from ortfuse.layout import choice_cache
+tag, n = sys.argv[1], int(sys.argv[2])
+sys.stdin.readline()  # both writers start together
+for i in range(n):
+    choice_cache.remember(f"{tag}-{i}", True, [0.9])
+    ranking.record({f"{tag}|{i}|float32": {"order": ["native", "ort"]}})
+"""
+
+
+def test_two_processes_merging_one_cache_lose_no_entry(tmp_path):
+    """Layout choices and the kernel ranking are read, merged and written by every process that
+    times something: two writers at once keep every entry of both."""
+    from ortfuse.kernels import ranking
+    from ortfuse.layout import choice_cache
+
+    n = 150
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, tag, str(n)], stdin=subprocess.PIPE, text=True)
+               for tag in ("a", "b")]
+    for w in writers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    assert [w.wait(timeout=300) for w in writers] == [0, 0]
+    choices = json.loads(choice_cache.path().read_text())["choices"]
+    classes = json.loads(ranking.path().read_text())["classes"]
+    assert len(choices) == 2 * n and len(classes) == 2 * n
+
+
+def test_a_plan_a_live_process_serves_is_never_trimmed(tmp_path, monkeypatch):
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(tiny_cnn(1), path)
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, ortfuse
+        session = ortfuse.InferenceSession({path!r}, fusion=True)
+        print(session._model_path, flush=True)
+        sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        served = pathlib.Path(server.stdout.readline().strip())
+        assert served.parent == plan_cache.root()
+        monkeypatch.setattr(plan_cache, "MAX_BYTES", 1)  # every other entry over the limit
+        os.utime(served.with_suffix(".json"), ns=(1, 1))  # and the oldest
+        other = str(tmp_path / "other.onnx")
+        onnx.save(tiny_cnn(2), other)
+        ortfuse.InferenceSession(other, fusion=True)  # stores a plan and trims
+        assert served.exists() and served.with_suffix(".json").exists()
+    finally:
+        server.communicate("done\n", timeout=60)
+    ortfuse.InferenceSession(path, fusion=True, fusion_patterns=["add_relu"])  # stores another, trims again
+    assert not served.exists()  # no process holds it any more

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ortfuse.kernels import isa
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
-from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.files import locked, write_atomic
 from ortfuse.runtime.versions import installed
 
 FORMAT = 1
@@ -95,14 +95,16 @@ def digest() -> str:
 def record(classes: dict[str, dict]) -> Path:
     """Merge measured classes (class key -> {"order": [...], evidence...}) into this machine's file."""
     target = path()
-    try:
-        current = json.loads(target.read_text())
-        if current.get("format") != FORMAT or current.get("key") != key():
-            current = {}
-    except (OSError, ValueError):
-        current = {}
-    merged = {**current.get("classes", {}), **classes}
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, json.dumps({"format": FORMAT, "key": key(), "classes": merged}, indent=1, sort_keys=True))
+    with locked(target):  # read, merge and write as one step: another process's classes are kept
+        try:
+            current = json.loads(target.read_text())
+            if current.get("format") != FORMAT or current.get("key") != key():
+                current = {}
+        except (OSError, ValueError):
+            current = {}
+        merged = {**current.get("classes", {}), **classes}
+        write_atomic(target, json.dumps({"format": FORMAT, "key": key(), "classes": merged}, indent=1,
+                                        sort_keys=True))
     reset()
     return target

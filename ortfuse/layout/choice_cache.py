@@ -8,8 +8,8 @@ The key is this CPU's fingerprint, the installed versions (ortfuse, onnxruntime,
 and a digest of the kernels' sources (``ortfuse.custom_ops``): a new kernel, ORT or CPU times its
 probes again. A probe's digest covers both probe models, the ops registered for each, the input
 shapes, the thread count and the margin. ``ORTFUSE_LAYOUT_CHOICES=off`` neither reads nor writes the
-file. Writes merge with the file on disk and replace it atomically; two processes writing at once
-may lose one's new entries, which are then timed again.
+file. Writes merge with the file on disk under a lock (``runtime.files.locked``) and replace it
+atomically, so two processes writing at once keep both's entries.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
-from ortfuse.runtime.files import write_atomic
+from ortfuse.runtime.files import locked, write_atomic
 
 FORMAT = 1
 ENV = "ORTFUSE_LAYOUT_CHOICES"
@@ -83,7 +83,8 @@ def remember(digest: str, native: bool, ratios: list[float]) -> None:
     file = path()
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        choices = {**_choices(file), digest: {"native": native, "ratios": [round(r, 4) for r in ratios]}}
-        write_atomic(file, json.dumps({"format": FORMAT, "key": key(), "choices": choices}))
+        with locked(file):  # read, merge and write as one step: another process's choices are kept
+            choices = {**_choices(file), digest: {"native": native, "ratios": [round(r, 4) for r in ratios]}}
+            write_atomic(file, json.dumps({"format": FORMAT, "key": key(), "choices": choices}))
     except OSError:
         pass
