@@ -409,3 +409,35 @@ def test_a_plan_a_live_process_serves_is_never_trimmed(tmp_path, monkeypatch):
         server.communicate("done\n", timeout=60)
     ortfuse.InferenceSession(path, fusion=True, fusion_patterns=["add_relu"])  # stores another, trims again
     assert not served.exists()  # no process holds it any more
+
+
+# ------------------------------------------------------------------ 6. bounded memory
+
+def test_external_data_beyond_the_protobuf_limit_is_left_to_ort_unread(tmp_path, monkeypatch):
+    """Its sizes are summed before anything is read: a model that cannot be one message is never loaded."""
+    from ortfuse.runtime import planning
+
+    rows = (2**31 // 4) // 1024 + 1  # float32 [rows, 1024]: just over 2 GiB
+    weights = numpy_helper.from_array(np.zeros((1, 1024), np.float32), "w")
+    weights.ClearField("raw_data")
+    weights.dims[:] = [rows, 1024]
+    weights.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", str(rows * 1024 * 4))):
+        entry = weights.external_data.add()
+        entry.key, entry.value = k, v
+    with open(tmp_path / "w.bin", "wb") as fh:  # sparse: no disk or memory spent
+        fh.truncate(rows * 1024 * 4)
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [rows, 1024])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, 1024])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
+                              "big", [x], [y], [weights])
+    path = tmp_path / "big.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the external data was read")
+
+    monkeypatch.setattr(onnx, "load_external_data_for_model", refuse)
+    with pytest.warns(UserWarning, match="beyond protobuf's 2 GiB limit"):
+        plan, report = planning.plan_fusion(str(path), None, True, None)
+    assert plan is None and report.stepped_aside and "2.0 GiB" in report.reason

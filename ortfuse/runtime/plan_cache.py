@@ -46,6 +46,7 @@ from ortfuse.runtime.versions import installed
 
 FORMAT = 2  # 2: keyed by content, dependencies by digest
 MAX_BYTES = 2 * 2**30
+PROTOBUF_LIMIT = 2**31 - 1  # a model with more external data than this is left to ORT (planning)
 MAX_HELD = 64  # plan files one process holds locked against trimming
 # spelled here, not imported from their readers (custom_ops.registration, the tuner, kernels.registry):
 # a cache hit imports no kernel, rewrite or onnx code
@@ -110,8 +111,10 @@ def identity(source: str | bytes) -> tuple[str, list] | None:
     parts = ["bytes:" + model.sha256]
     states: list[tuple[str, tuple[int, ...] | None]] = [(source, model.state)]
     folder = os.path.dirname(os.path.abspath(source))
-    for location in model.scanned:
-        path = os.path.join(folder, location)
+    paths = [os.path.join(folder, location) for location in model.scanned]
+    if sum(state[2] for state in map(file_state, paths) if state is not None) > PROTOBUF_LIMIT:
+        return None  # no plan: such a model goes to ORT unchanged (planning), its data is not hashed
+    for location, path in zip(model.scanned, paths):
         found = content_digest(path)
         if found is not None and found.state is None:
             return None

@@ -15,6 +15,7 @@ the live tuning finds them, off the creating thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -124,14 +125,38 @@ def _resolve_external_data(model: onnx.ModelProto, source: str | bytes) -> str:
         return ""
     if not isinstance(source, str):
         return "the model bytes refer to external data files, which only ORT can locate"
+    folder = os.path.dirname(os.path.abspath(source))
+    total = _external_bytes(model, folder) + model.ByteSize()
+    if total > _PROTOBUF_LIMIT:  # summed before anything is read: such a model cannot be one message
+        return (f"the model with its external data holds {total / 2**30:.1f} GiB, beyond protobuf's 2 GiB limit "
+                "for one model; ORT loads it unchanged")
     try:
-        onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(source)))
+        onnx.load_external_data_for_model(model, folder)
     except Exception:
         return (
             "external initializers are not on disk (supplied through SessionOptions or missing); "
             "ORT loads the model unchanged"
         )
     return ""
+
+
+def _external_bytes(model: onnx.ModelProto, folder: str) -> int:
+    """The bytes the model's external initializers would add once loaded: each one's ``length``, else
+    what its file holds past its ``offset`` (0 for a file that is not there)."""
+    import onnx
+
+    total = 0
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        if info.get("length", "").isdigit():
+            total += int(info["length"])
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            size = os.path.getsize(os.path.join(folder, info.get("location", "")))
+            total += max(0, size - int(info.get("offset", 0)))
+    return total
 
 
 def stepped_aside(reason: str, fusion, stacklevel: int = 4, **fields) -> FusionReport:
