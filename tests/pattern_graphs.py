@@ -215,14 +215,18 @@ def tolerance(dtype, rtol: float, atol: float) -> tuple[float, float]:
 
 
 def assert_outputs_close(got, ref, rtol: float = 1e-4, atol: float = 1e-5, scale_atol: bool = False) -> None:
-    """Same number, shapes and dtypes of outputs; values within rtol and atol (atol times
-    max(1, max|ref|) when ``scale_atol``, for folded weights; float16: ``tolerance``)."""
+    """Same number, shapes and dtypes of outputs; float values within rtol and atol (atol times
+    max(1, max|ref|) when ``scale_atol``, for folded weights; float16: ``tolerance``), integer and
+    boolean values equal."""
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         assert g.shape == r.shape, (g.shape, r.shape)
         assert g.dtype == r.dtype, (g.dtype, r.dtype)
         finite = np.abs(r[np.isfinite(r)]) if r.size else np.zeros(1)
         scale = max(1.0, float(finite.max())) if (scale_atol and finite.size) else 1.0
+        if not np.issubdtype(r.dtype, np.floating):  # integers and booleans: ORT's exact values
+            np.testing.assert_array_equal(g, r)
+            continue
         rt, at = tolerance(r.dtype, rtol, atol)
         np.testing.assert_allclose(g, r, rtol=rt, atol=at * scale)
 

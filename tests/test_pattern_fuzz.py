@@ -246,7 +246,8 @@ def _intermediates(model: onnx.ModelProto) -> list[str]:
 @st.composite
 def with_extras(draw, b: GraphBuilder, final: str) -> onnx.ModelProto:
     """Make random intermediates graph outputs, give them extra consumers, or have an If branch read
-    them; leave some nodes unnamed."""
+    them; round the final value to integers (a requantization: every fused op upstream must give
+    ORT's exact bits or be left to ORT); leave some nodes unnamed."""
     b.output(final)
     model = b.build()
     inter = _intermediates(model)
@@ -267,6 +268,19 @@ def with_extras(draw, b: GraphBuilder, final: str) -> onnx.ModelProto:
                                             [helper.make_tensor_value_info(f"if{j}_{op}", vi.elem_type, shape)])
                           for op in ("Identity", "Neg")]
                 b.output(b.op("If", [cond], name=f"if{j}", then_branch=branch[0], else_branch=branch[1]))
+        model = b.build()
+    if b.dtype == np.float32 and draw(st.integers(0, 3)) == 0:
+        kinds = ["floor_cast", "compare"] + (["round", "quantize"] if b.opset >= 11 else [])
+        rounding = draw(st.sampled_from(kinds))
+        scaled = b.op("Mul", [final, b.const(np.float32(draw(st.sampled_from([3.0, 0.37, 4096.0]))))])
+        if rounding == "floor_cast":
+            b.output(b.op("Cast", [b.op("Floor", [scaled])], to=onnx.TensorProto.INT32))
+        elif rounding == "round":
+            b.output(b.op("Round", [scaled]))
+        elif rounding == "quantize":
+            b.output(b.op("DynamicQuantizeLinear", [scaled], n_out=3)[0])
+        else:
+            b.output(b.op("Greater", [scaled, b.const(np.float32(0.5))]))
         model = b.build()
     if draw(st.booleans()):
         for node in model.graph.node:
