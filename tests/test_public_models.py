@@ -27,12 +27,12 @@ from ortfuse.models import public
 
 
 def _tiny_onnx(scale: float = 2.0) -> bytes:
-    """y = Relu(x) * scale on [n, 3, 4, 4]."""
+    """y = Relu(x) * scale on [n, 3, h, w] (run at 4x4)."""
     s = helper.make_tensor("s", TensorProto.FLOAT, [], [scale])
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "s"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 4, 4])], [s])
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, "h", "w"])], [s])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -193,6 +193,7 @@ def test_public_name_resolves_to_its_pin_and_natural_input_shape(local_index, mo
     assert src.public == spec.record() and src.path == str(public.model_path(spec))
     feeds = inputs.make_inputs(src, batch=2)
     assert {k: v.shape for k, v in feeds.items()} == {"x": (2, 3, 4, 4)}
+    assert inputs.tune_dims(src) == {"h": 4, "w": 4}  # fusion="auto" is tuned at the same shape
     assert feeds["x"].dtype == np.float32
     ref = onnxruntime.InferenceSession(src.path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(ref, np.maximum(feeds["x"], 0) * 2)

@@ -98,6 +98,20 @@ def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
         raise BenchError(f"{path}: {exc}") from None
 
 
+def tune_dims(src: ModelSource) -> dict[str, int]:
+    """The named dynamic dims ``fusion="auto"`` is tuned at besides the batch: ``--dim``'s, and those of a
+    public model's natural input shape by the names its inputs declare (the tuner takes dims by name:
+    a name declared with two sizes keeps the first)."""
+    dims = {k: int(v) for k, v in src.dims.items() if k != "batch"}
+    if src.public is None or src.npz is not None:
+        return dims
+    for name, _, declared in _declared_inputs(src.path):
+        for dim, size in zip(declared[1:], src.public["inputs"].get(name, [])[1:]):
+            if isinstance(dim, str):
+                dims.setdefault(dim, int(size))
+    return dims
+
+
 def file_batch(path: str, batch: int) -> int:
     """The batch a file model actually runs at: ``batch`` unless its first input's first dim is fixed."""
     decl = _declared_inputs(path)

@@ -84,6 +84,7 @@ def measure_child(spec: dict) -> dict:
         spinning=spec.get("spinning", True),
         threads=spec.get("threads", 0),
         batch=spec.get("batch", 1),
+        dims=spec.get("dims"),
     )
     create_s = time.perf_counter() - t0
     after_create = proc.memory_info().rss

@@ -16,7 +16,7 @@ import numpy as np
 
 from ortfuse.bench import protocol
 from ortfuse.bench.environment import QUIET_THREADS_ENV, environment, load_average, quiet_threads_active
-from ortfuse.bench.inputs import BenchError, ModelSource, file_batch, make_inputs, resolve_model, zoo
+from ortfuse.bench.inputs import BenchError, ModelSource, file_batch, make_inputs, resolve_model, tune_dims, zoo
 from ortfuse.bench.memory import measure_in_subprocess
 from ortfuse.bench.sessions import (
     BASELINE,
@@ -176,7 +176,8 @@ def _tune_ahead(src: ModelSource, configs, spinning, threads, batch) -> float | 
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sess = make_session("ortfuse_auto", src.path, spinning=spinning, threads=threads, batch=batch)
+        sess = make_session("ortfuse_auto", src.path, spinning=spinning, threads=threads, batch=batch,
+                            dims=tune_dims(src))
     cached = ("decisions cached", "plan read from ortfuse's cache")
     return (
         0.0
@@ -202,7 +203,7 @@ def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) ->
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.perf_counter()
-            sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
+            sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch, dims=tune_dims(src))
             create_s = time.perf_counter() - t0
         rss1 = proc.memory_info().rss
         report = getattr(sess, "fusion_report", None)
@@ -249,7 +250,8 @@ def _bench_model(
                     t0 = time.perf_counter()
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        sessions[name] = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch)
+                        sessions[name] = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch,
+                                                      dims=tune_dims(src))
                     report = sessions[name].fusion_report
                     info[name] = {
                         **info[name],
@@ -287,6 +289,7 @@ def _bench_model(
                     "threads": threads,
                     "runs": MEMORY_RUNS,
                     "batch": batch,
+                    "dims": tune_dims(src),
                 }
                 cfg_rows[name]["memory"] = measure_in_subprocess(spec, os.path.join(tmp, "memory_spec.json"))
         runners = {name: _runner(sessions[name], feeds) for name in configs}

@@ -57,9 +57,10 @@ PEER_RUNTIMES = ("openvino", "ort-transformers")
 DEFAULT_CONFIGS: tuple[str, ...] = tuple(c for c in CONFIGS if CONFIGS[c].runtime not in PEER_RUNTIMES)
 
 
-def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1):
+def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1,
+                 dims: dict[str, int] | None = None):
     """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider.
-    A ``fusion="auto"`` session is tuned for inputs of ``batch``."""
+    A ``fusion="auto"`` session is tuned for inputs of ``batch`` and the named dynamic ``dims``."""
     import onnxruntime as ort
 
     cfg = CONFIGS[config] if isinstance(config, str) else config
@@ -74,7 +75,8 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
     so = measuring_options(cfg.level, threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if cfg.fusion == "auto":  # tuned at creation, so that the timed runs are those of the tuned plan
-        so.add_session_config_entry(DIMS_KEY, f"batch={int(batch)}")
+        named = [f"{k}={int(v)}" for k, v in (dims or {}).items() if k != "batch"]
+        so.add_session_config_entry(DIMS_KEY, ",".join([f"batch={int(batch)}", *named]))
         so.add_session_config_entry(TUNE_KEY, "sync")
     if cfg.stock:
         return ort.InferenceSession(model, so, providers=providers)
