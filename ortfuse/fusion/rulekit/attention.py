@@ -3,12 +3,14 @@ exporters write them (TorchScript at opset 14, dynamo at opset 18), each returni
 None (not this piece), or a str naming why the piece cannot be fused.
 
 - ``projection``: ``x @ W [+ b]`` (Add in either order, or no bias), W a constant [D, D'];
-- ``heads``: ``Transpose(Reshape(t, target), [0, 2, 1, 3])`` with the target's last two entries the
-  constants (heads, head size), the target a constant or a Concat of run-time dims and constants;
-- ``key_transposed``: K^T as Transpose([0, 1, 3, 2]) of the heads, or Transpose([0, 2, 3, 1]) of the
-  Reshape;
-- ``merge_heads``: ``Reshape(Transpose(t, [0, 2, 1, 3]), target)`` with a rank-3 target ending in
-  the hidden size or -1;
+- ``heads``: ``Transpose(Reshape(t, target), [0, 2, 1, 3])``, the target [B, S, H, d] with H and d
+  constants (one of them may be -1: D / d heads, or D / H per head) and B, S proven by ``Sizes``
+  (constants, copies, or dims read through Shape from a tensor of the same batch and sequence);
+- ``key_transposed``: K^T as Transpose([0, 1, 3, 2]) of the heads, Transpose([0, 2, 3, 1]) of the
+  Reshape, or the heads' last two axes swapped through rank 3 (Reshape, Transpose, Reshape);
+- ``nan_guard``: ``Where(IsNaN(p), 0, p)`` after the Softmax (torch's SDPA export);
+- ``merge_heads``: ``Reshape(Transpose(t, [0, 2, 1, 3]), target)`` with a target proven [B, S, D],
+  after an optional Reshape of t to its own shape;
 - ``padding_mask``: the additive mask built from a [batch, seq] ``attention_mask``:
   ``(1 - Cast(Unsqueeze(m)))`` times a constant (TorchScript), or ``Where(Cast(1 - Cast(Expand(
   Unsqueeze(m)))), c, 1 - ...)`` (Hugging Face's SDPA mask, dynamo);
@@ -43,8 +45,8 @@ class Heads:
     proj: Projection
     heads: int
     size: int
-    nodes: list[onnx.NodeProto]  # Reshape, Transpose
-    target: str  # the Reshape's target tensor
+    nodes: list[onnx.NodeProto]  # Reshape, Transpose (and the nodes of K's transpose)
+    targets: list[str]  # the Reshape targets read
 
 
 def producer(ix: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
@@ -88,31 +90,183 @@ def projection(ix: GraphIndex, tensor: str) -> Projection | None:
                       nodes[-1].output[0] if nodes else mm.output[0])
 
 
-def target_tail(ix: GraphIndex, target: str, count: int) -> tuple[list[int | None], int] | None:
-    """(the last ``count`` entries of a Reshape target, None where computed at run time; the target's
-    length), for a constant target or a Concat of 1-element run-time pieces and constants."""
-    value = ix.const(target)
-    if value is not None:
-        flat: list[int | None] = [int(v) for v in value.reshape(-1)]
-        return flat[-count:], len(flat)
-    concat = producer(ix, target, "Concat")
-    if concat is None:
+@dataclass(frozen=True)
+class DimOf:
+    """The run-time size of axis ``axis`` (negative: from the end) of ``tensor``, read through Shape."""
+
+    tensor: str
+    axis: int
+
+    def __str__(self) -> str:
+        return f"dim {self.axis} of '{self.tensor}'"
+
+
+Entry = int | DimOf | None  # an entry of a shape tensor: a constant, a dim read by Shape, or unknown
+# the sizes a match reasons about; "BH" (batch x heads) is only ever the -1 of a Reshape target
+SIZE_NAMES = {"B": "batch", "S": "sequence", "H": "head count", "d": "head size", "D": "hidden size",
+              "BH": "batch x heads"}
+SPLIT = ("B", "S", "H", "d")  # heads split off: [B, S, H, d]
+HEADS_FIRST = ("B", "H", "S", "d")
+HEADS_MERGED = ("B", "S", "D")
+KEY_T = ("B", "H", "d", "S")
+
+
+class Sizes:
+    """What one match knows of its tensors' sizes, by name: B (batch), S (sequence), H (heads), d (head
+    size), D = H d. It proves that a Reshape target computed at run time is the shape the fused op
+    assumes: an entry is a size when it is the same constant, or a Shape dim of a tensor whose sizes
+    the match knows by construction (x, the projections, the heads), or a dim ONNX shape inference gives
+    the same symbol or value as x's (inference names two dims alike only where it deduced them equal,
+    or where the model's own inputs declare them so)."""
+
+    def __init__(self, ix: GraphIndex, x: str) -> None:
+        self.ix = ix
+        self.dims: dict[str, tuple[str, ...]] = {x: HEADS_MERGED}
+        shape = ix.shape(x)
+        lead = shape[:2] if shape is not None and len(shape) == 3 else [None, None]
+        self.value: dict[str, int | str | None] = {"B": lead[0], "S": lead[1]}
+
+    def split(self, heads: int, size: int) -> None:
+        self.value.update(H=heads, d=size, D=heads * size)
+
+    def know(self, tensor: str, names: tuple[str, ...]) -> None:
+        self.dims[tensor] = names
+
+    def rank(self, tensor: str) -> int | None:
+        if tensor in self.dims:
+            return len(self.dims[tensor])
+        shape = self.ix.shape(tensor)
+        return None if shape is None else len(shape)
+
+    def is_size(self, entry: Entry, name: str) -> bool:
+        """``entry`` is provably the size ``name``."""
+        if isinstance(entry, DimOf):
+            names = self.dims.get(entry.tensor)
+            if names is not None:
+                return -len(names) <= entry.axis < len(names) and names[entry.axis] == name
+            shape = self.ix.shape(entry.tensor)
+            if shape is None or not -len(shape) <= entry.axis < len(shape):
+                return False
+            dim = shape[entry.axis]
+            return dim is not None and dim == self.value.get(name)
+        return isinstance(entry, int) and entry > 0 and entry == self.value.get(name)
+
+    def entries(self, target: str) -> list[Entry] | None:
+        """The entries of the 1-D int64 shape tensor ``target``: a constant, or a Concat of constants
+        and pieces read from Shape (Shape with start/end, Gather of a Shape, Unsqueeze of a scalar
+        Gather, Slice of a Shape); other 1-element run-time pieces are None (unknown); None when a
+        piece's length is not known."""
+        value = self.ix.const(target)
+        if value is not None:
+            return [int(v) for v in value.reshape(-1)]
+        concat = producer(self.ix, target, "Concat")
+        pieces = list(concat.input) if concat is not None else [target]
+        entries: list[Entry] = []
+        for piece in pieces:
+            part = self._piece(piece)
+            if part is None:
+                return None
+            entries += part
+        return entries
+
+    def _piece(self, tensor: str) -> list[Entry] | None:
+        ix = self.ix
+        value = ix.const(tensor)
+        if value is not None:
+            return [int(v) for v in value.reshape(-1)]
+        unsqueeze = producer(ix, tensor, "Unsqueeze")
+        if unsqueeze is not None and _axes(ix, unsqueeze) == [0]:
+            scalar_dim = self._shape_dims(unsqueeze.input[0])
+            if scalar_dim is not None and len(scalar_dim) == 1:
+                return scalar_dim
+        dims = self._shape_dims(tensor)
+        if dims is not None:
+            return dims
+        shape = ix.shape(tensor)
+        if shape is not None and len(shape) == 1 and isinstance(shape[0], int):
+            return [None] * shape[0]
         return None
-    entries: list[int | None] = []
-    for piece in concat.input:
-        part = ix.const(piece)
-        if part is not None:
-            entries += [int(v) for v in part.reshape(-1)]
-            continue
-        shape = ix.shape(piece)
-        if shape is None or len(shape) != 1 or shape[0] != 1:
-            return None  # a run-time piece of unknown length
-        entries.append(None)
-    return entries[-count:], len(entries)
+
+    def _shape_dims(self, tensor: str) -> list[Entry] | None:
+        """Dims read from a Shape: Shape(t, start, end), Gather(Shape(t), const), Slice(Shape(t), ...)."""
+        ix = self.ix
+        node = ix.producer.get(tensor)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Shape":
+            rank = self.rank(node.input[0])
+            start, end = attr(node, "start", 0), attr(node, "end", None)
+            if rank is None and (start < 0 or end is None or end < 0):
+                return None
+            read = range(*slice(start, end).indices(rank)) if rank is not None else range(start, end)
+            return [DimOf(node.input[0], a) for a in read]
+        if node.op_type not in ("Gather", "Slice"):
+            return None
+        source = self._shape_dims(node.input[0])
+        if source is None:
+            return None
+        if node.op_type == "Gather":
+            index = ix.const(node.input[1])
+            if attr(node, "axis", 0) != 0 or index is None or index.ndim > 1:
+                return None
+            picked = [source[int(i)] for i in index.reshape(-1) if -len(source) <= int(i) < len(source)]
+            return picked if len(picked) == index.size else None
+        # Slice(shape, starts, ends[, axes[, steps]]) with one constant start and end, axis 0, step 1
+        starts, ends, axis, step = [_one_int(ix, t) for t in node.input[1:5]] + [None, None, 0, 1][len(node.input) - 1:]
+        if starts is None or ends is None or axis not in (0, -1) or step != 1:
+            return None
+        return source[starts:ends]
+
+    def reshape_problem(self, entries: list[Entry] | None, want: tuple[str, ...], source: tuple[str, ...],
+                        allowzero: int) -> str:
+        """Why Reshape(t, entries) of ``t`` sized ``source`` is not provably sized ``want`` ("" when it
+        is): every entry the size or a copy (0, allowzero off) of the same size of ``t``, but at most
+        one -1, which is then the one size left (``source`` and ``want`` hold the same product)."""
+        if entries is None:
+            return "its target has entries of unknown length"
+        if len(entries) != len(want):
+            return f"its target has {len(entries)} entries, not {len(want)}"
+        inferred = False
+        for i, (entry, name) in enumerate(zip(entries, want)):
+            if self.is_size(entry, name):
+                continue
+            if entry == 0 and not allowzero and i < len(source) and source[i] == name:
+                continue
+            if entry == -1 and not inferred:
+                inferred = True
+                continue
+            shown = "a value computed at run time" if entry is None else str(entry)
+            return f"entry {i} of its target ({shown}) is not provably the {SIZE_NAMES[name]}"
+        return ""
+
+
+def _one_int(ix: GraphIndex, tensor: str) -> int | None:
+    value = ix.const(tensor) if tensor else None
+    return None if value is None or value.size != 1 else int(value.reshape(-1)[0])
+
+
+def head_split(entries: list[Entry] | None, width: int) -> tuple[int, int] | str:
+    """(heads, head size) from a split-heads target [.., .., H, d] over a projection of ``width`` columns."""
+    if entries is None or len(entries) != 4:
+        return "the heads' Reshape target is not [batch, seq, heads, head size]"
+    h, d = entries[2], entries[3]
+    if not isinstance(h, int) or not isinstance(d, int) or h == d == -1 or min(h, d) < -1 or 0 in (h, d):
+        return "the heads' Reshape target does not end in (heads, head size) known before run time"
+    # [.., .., -1, d] -> H = D / d (transformers' view(*shape[:-1], -1, head_size)); [.., .., H, -1] -> d = D / H
+    if h == -1 or d == -1:
+        known = d if h == -1 else h
+        if width % known:
+            what = "head size" if h == -1 else "head count"
+            return f"the {what} {known} does not divide the projection's {width} columns"
+        h, d = (width // d, d) if h == -1 else (h, width // h)
+    if h * d != width:
+        return f"the Reshape to {h} heads of {d} does not split the projection's {width} columns"
+    return h, d
 
 
 def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> Heads | str | None:
-    """``tensor`` = Transpose(Reshape(projection, [.., .., H, d]), perm)."""
+    """``tensor`` = Transpose(Reshape(projection, [B, S, H, d]), perm): H and d constants (one may be
+    -1), B and S proven (``Sizes``)."""
     tr = producer(ix, tensor, "Transpose")
     if tr is None or tuple(attr(tr, "perm", ())) != perm:
         return None
@@ -122,47 +276,118 @@ def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> 
     proj = projection(ix, rs.input[0])
     if proj is None:
         return None
-    tail = target_tail(ix, rs.input[1], 2)
-    if tail is None or tail[1] != 4 or any(v is None or v <= 0 for v in tail[0]):
-        return "the heads' Reshape target does not end in constant (heads, head size)"
-    h, d = tail[0]
-    assert h is not None and d is not None
-    if h * d != proj.w.shape[1]:
-        return f"the Reshape to {h} heads of {d} does not split the projection's {proj.w.shape[1]} columns"
-    return Heads(proj, h, d, [rs, tr], rs.input[1])
+    sizes = Sizes(ix, proj.x)
+    sizes.know(proj.output, HEADS_MERGED)
+    entries = sizes.entries(rs.input[1])
+    split = head_split(entries, proj.w.shape[1])
+    if isinstance(split, str):
+        return split
+    sizes.split(*split)
+    # Reshape(t, Concat(Gather(Shape(u), 0), Gather(Shape(u), 1), ..)) -> [B, S, ..] when u's dims 0, 1 are x's
+    problem = sizes.reshape_problem(entries, SPLIT, HEADS_MERGED, attr(rs, "allowzero", 0))
+    if problem:
+        return f"the heads' Reshape is not provably [batch, seq, {split[0]}, {split[1]}]: {problem}"
+    return Heads(proj, split[0], split[1], [rs, tr], [rs.input[1]])
 
 
 def key_transposed(ix: GraphIndex, tensor: str) -> Heads | str | None:
-    """K^T [B, H, d, S]: Transpose([0, 1, 3, 2]) of the heads, or Transpose([0, 2, 3, 1]) of the Reshape."""
+    """K^T [B, H, d, S]: Transpose([0, 1, 3, 2]) of the heads, Transpose([0, 2, 3, 1]) of the Reshape,
+    or the heads' last two axes swapped through rank 3 (torch's dynamo export of ``k.transpose(-2, -1)``)."""
     tr = producer(ix, tensor, "Transpose")
-    if tr is None:
+    if tr is not None:
+        if tuple(attr(tr, "perm", ())) == (0, 1, 3, 2):
+            k = heads(ix, tr.input[0])
+            if isinstance(k, Heads):
+                k.nodes.append(tr)
+            return k
+        return heads(ix, tensor, perm=(0, 2, 3, 1))
+    # Reshape(Transpose(Reshape(K, [-1, S, d]), [0, 2, 1]), [B, H, d, S]) -> Transpose(K, [0, 1, 3, 2])
+    outer = producer(ix, tensor, "Reshape")
+    middle = None if outer is None else producer(ix, outer.input[0], "Transpose")
+    inner = None if middle is None else producer(ix, middle.input[0], "Reshape")
+    if outer is None or middle is None or inner is None or tuple(attr(middle, "perm", ())) != (0, 2, 1):
         return None
-    if tuple(attr(tr, "perm", ())) == (0, 1, 3, 2):
-        k = heads(ix, tr.input[0])
-        if isinstance(k, Heads):
-            k.nodes.append(tr)
+    k = heads(ix, inner.input[0])
+    if not isinstance(k, Heads):
         return k
-    return heads(ix, tensor, perm=(0, 2, 3, 1))
+    sizes = Sizes(ix, k.proj.x)
+    sizes.split(k.heads, k.size)
+    sizes.know(inner.input[0], HEADS_FIRST)
+    problem = (sizes.reshape_problem(sizes.entries(inner.input[1]), ("BH", "S", "d"), HEADS_FIRST,
+                                     attr(inner, "allowzero", 0))
+               or sizes.reshape_problem(sizes.entries(outer.input[1]), KEY_T, ("BH", "d", "S"),
+                                        attr(outer, "allowzero", 0)))
+    if problem:
+        return f"K's transpose through rank 3 is not provably [batch, heads, head size, seq]: the Reshape {problem}"
+    k.nodes += [inner, middle, outer]
+    k.targets += [inner.input[1], outer.input[1]]
+    return k
 
 
-def merge_heads(ix: GraphIndex, tensor: str) -> tuple[list[onnx.NodeProto], str, str] | None:
-    """From ``tensor`` [B, H, S, d]: (Transpose, Reshape; output; the Reshape's target) or None."""
-    tr = ix.only_consumer(tensor)
+def nan_guard(ix: GraphIndex, probs: str) -> tuple[list[onnx.NodeProto], str]:
+    """([IsNaN, Where], the Where's output) when ``probs`` is read only by Where(IsNaN(probs), 0,
+    probs), which torch's SDPA export puts after the Softmax (a row whose every key is masked with
+    -inf is NaN there, 0 after it); ([], probs) otherwise."""
+    users = ix.consumers_of(probs)
+    isnan = next((n for n in users if n.op_type == "IsNaN"), None)
+    if isnan is None or len(users) != 2 or probs in ix.graph_outputs:
+        return [], probs
+    where = ix.only_consumer(isnan.output[0])
+    if (where is None or where.op_type != "Where" or list(where.input[::2]) != [isnan.output[0], probs]
+            or not any(u is where for u in users) or scalar(ix, where.input[1]) != 0.0):
+        return [], probs
+    return [isnan, where], where.output[0]
+
+
+def finite_mask(ix: GraphIndex, mask: str) -> bool:
+    """The additive mask is provably finite: none, or Where(c, a, b) of finite constants a and b."""
+    if not mask:
+        return True
+    where = producer(ix, mask, "Where")
+    branches = [] if where is None else [ix.const(t) for t in where.input[1:]]
+    return bool(branches) and all(b is not None and bool(np.isfinite(b).all()) for b in branches)
+
+
+def merge_heads(ix: GraphIndex, tensor: str, sizes: Sizes) -> tuple[list[onnx.NodeProto], str, list[str]] | str | None:
+    """From ``tensor`` [B, H, S, d]: (the nodes, output and Reshape targets of Transpose [0, 2, 1, 3]
+    then Reshape to [B, S, D]; before them, a Reshape of ``tensor`` to its own shape is taken along),
+    the reason a Reshape is not provably that, or None."""
+    nodes: list[onnx.NodeProto] = []
+    targets: list[str] = []
+    sizes.know(tensor, HEADS_FIRST)
+    first = _only_reader(ix, tensor)
+    # Reshape(ctx, Concat(Gather(Shape(ctx), 0), [-1], Gather(Shape(q), 2), Gather(Shape(v), 3))) -> ctx
+    # (torch's SDPA export)
+    if first is not None and first.op_type == "Reshape" and first.input[0] == tensor:
+        problem = sizes.reshape_problem(sizes.entries(first.input[1]), HEADS_FIRST, HEADS_FIRST,
+                                        attr(first, "allowzero", 0))
+        if problem:
+            return f"the Reshape of the attention's output is not provably to its own shape: {problem}"
+        nodes.append(first)
+        targets.append(first.input[1])
+        tensor = first.output[0]
+        sizes.know(tensor, HEADS_FIRST)
+        first = _only_reader(ix, tensor)
+    tr = first
     if tr is None or tr.op_type != "Transpose" or tuple(attr(tr, "perm", ())) != (0, 2, 1, 3):
         return None
+    sizes.know(tr.output[0], SPLIT)
     # the only Reshape of it; other readers (Shape nodes building the target) go with the match
     reshapes = [n for n in ix.consumers_of(tr.output[0]) if n.op_type == "Reshape" and n.input[0] == tr.output[0]]
     if len(reshapes) != 1 or tr.output[0] in ix.graph_outputs:
         return None
     rs = reshapes[0]
-    return [tr, rs], rs.output[0], rs.input[1]
+    # Reshape(.., Concat(Gather(Shape(u), 0), Gather(Shape(u), 1), [-1])) -> [B, S, D]
+    problem = sizes.reshape_problem(sizes.entries(rs.input[1]), HEADS_MERGED, SPLIT, attr(rs, "allowzero", 0))
+    if problem:
+        return f"the heads are not merged back to [batch, seq, {sizes.value['D']}]: the Reshape {problem}"
+    return nodes + [tr, rs], rs.output[0], targets + [rs.input[1]]
 
 
-def merged_width_problem(ix: GraphIndex, target: str, hidden: int) -> str:
-    tail = target_tail(ix, target, 1)
-    if tail is None or tail[1] != 3 or tail[0][0] not in (hidden, -1):
-        return f"the heads are not merged back to [batch, seq, {hidden}]"
-    return ""
+def _only_reader(ix: GraphIndex, tensor: str) -> onnx.NodeProto | None:
+    """The one reader of ``tensor`` besides Shape nodes (which build targets and go with the match)."""
+    readers = [n for n in ix.consumers_of(tensor) if n.op_type != "Shape"]
+    return readers[0] if len(readers) == 1 and tensor not in ix.graph_outputs else None
 
 
 def _unsqueezed_mask(ix: GraphIndex, tensor: str) -> str | None:

@@ -41,10 +41,12 @@ from onnx import TensorProto, helper, numpy_helper
 from ortfuse.custom_ops.specs import DOMAIN, OpSpec
 from ortfuse.fusion.rulekit.attention import (
     Heads,
+    Sizes,
+    finite_mask,
     heads,
     key_transposed,
     merge_heads,
-    merged_width_problem,
+    nan_guard,
     padding_mask,
     producer,
     scalar,
@@ -100,7 +102,9 @@ def _mask_problem(ix: GraphIndex, mask: str, h: int) -> str:
     if len(shape) != 4:
         return (f"the additive mask '{mask}' has rank {len(shape)}, not the [batch, 1 or heads, seq, seq] "
                 "of a padding mask")
-    if shape[1] not in (1, h):
+    # M[.., n, ..] with n computed at run time (a str or None) -> accepted when H > 1: the graph's Add
+    # of M to the [B, H, S, S] scores runs only where n is 1 or H
+    if shape[1] not in (1, h) and (isinstance(shape[1], int) or h == 1):
         return f"the additive mask '{mask}' has {shape[1]} rows over the heads, not 1 or {h}"
     return ""
 
@@ -122,8 +126,14 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
         found, pre = (anchor.input[0], "", unmasked), None
     _, mask, (mm, scale, scale_nodes, (q_side, k_side)) = found
     q, k = heads(ix, q_side), key_transposed(ix, k_side)
-    out_mm = ix.only_consumer(anchor.output[0])
-    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.input[0] != anchor.output[0]:
+    # Softmax -> Where(IsNaN(p), 0, p) -> MatMul   ->   the fused op, its NaN entries set to 0 (nan_to_zero)
+    guard, probs = nan_guard(ix, anchor.output[0])
+    out_mm = ix.only_consumer(probs)
+    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.input[0] != probs:
+        readers = sorted({n.op_type for n in ix.consumers_of(probs)}) or ["nothing"]
+        if isinstance(q, Heads) and isinstance(k, Heads) and readers != ["MatMul"]:  # say what else reads them
+            return Reject(ID, [anchor], f"the attention probabilities are read by {', '.join(readers)}, not "
+                                        "only by the MatMul with V (of guards, only Where(IsNaN(p), 0, p))")
         return None
     v = heads(ix, out_mm.input[1])
     for part in (q, k, v):
@@ -131,15 +141,19 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
             return Reject(ID, [anchor], part)
     if not (isinstance(q, Heads) and isinstance(k, Heads) and isinstance(v, Heads)):
         return None
-    merged = merge_heads(ix, out_mm.output[0])
-    if merged is None:
-        return None
-    tail_nodes, output, out_target = merged
-    core = (q.nodes + q.proj.nodes + k.nodes + k.proj.nodes + v.nodes + v.proj.nodes + [mm] + scale_nodes
-            + ([pre] if pre is not None else []) + [anchor, out_mm] + tail_nodes)
-    nodes = core + shape_nodes(ix, [q.target, k.target, v.target, out_target], core)
     x = q.proj.x
     h, d = q.heads, q.size
+    sizes = Sizes(ix, x)
+    sizes.split(h, d)
+    merged = merge_heads(ix, out_mm.output[0], sizes)
+    if merged is None:
+        return None
+    if isinstance(merged, str):
+        return Reject(ID, [anchor], merged)
+    tail_nodes, output, out_targets = merged
+    core = (q.nodes + q.proj.nodes + k.nodes + k.proj.nodes + v.nodes + v.proj.nodes + [mm] + scale_nodes
+            + ([pre] if pre is not None else []) + [anchor] + guard + [out_mm] + tail_nodes)
+    nodes = core + shape_nodes(ix, [*q.targets, *k.targets, *v.targets, *out_targets], core)
     hidden = h * d
     problem = ""
     if k.proj.x != x or v.proj.x != x:
@@ -151,8 +165,8 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     shape = ix.shape(x)
     if not problem and (shape is None or len(shape) != 3):
         problem = f"input '{x}' is not known to be [batch, seq, hidden]: ORT's attention ops take rank 3"
-    problem = (problem or merged_width_problem(ix, out_target, hidden) or (mask and _mask_problem(ix, mask, h))
-               or float32_problem(ix, x, output) or intermediate_problem(ix, nodes, output))
+    problem = (problem or (mask and _mask_problem(ix, mask, h)) or float32_problem(ix, x, output)
+               or intermediate_problem(ix, nodes, output))
     if problem:
         return Reject(ID, nodes, problem)
     raw = padding_mask(ix, mask) if mask else None
@@ -165,7 +179,9 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
         inits.append(numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32), ix.unique_name(f"{base}_no_mask")))
         mask = inits[-1].name
     attrs = {"num_heads": h, "scale": float(scale), "key_padding_mask": raw[0] if raw else "",
-             "mask_filter_value": float(raw[1]) if raw else 0.0}
+             "mask_filter_value": float(raw[1]) if raw else 0.0,
+             # a guard after a finite mask (or none) never sees a NaN from finite inputs: not reproduced
+             "nan_to_zero": int(bool(guard) and not finite_mask(ix, mask))}
     return Match(ID, "FusedAttention", nodes, [x, inits[0].name, inits[1].name, mask], output, attrs, inits)
 
 
@@ -181,15 +197,20 @@ def core_reference(qkv, bias, mask, num_heads: int, scale: float, **_):
     return (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, num_heads * size).astype(np.float32)
 
 
-def reference(x, w, b, mask, num_heads: int, scale: float, **_):
-    """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64."""
-    return core_reference(x.astype(np.float64) @ w.astype(np.float64), b, mask, num_heads, scale)
+def reference(x, w, b, mask, num_heads: int, scale: float, nan_to_zero: int = 0, **_):
+    """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64; with
+    ``nan_to_zero`` the NaN entries (rows whose every key the mask sets to -inf) are 0."""
+    with np.errstate(invalid="ignore"):
+        out = core_reference(x.astype(np.float64) @ w.astype(np.float64), b, mask, num_heads, scale)
+    return np.where(np.isnan(out), np.float32(0.0), out) if nan_to_zero else out
 
 
 # FusedAttention(X[B, S, D], W[D, 3D], B[3D], M[B|1, H|1, S|1, S]; num_heads, scale, key_padding_mask,
-# mask_filter_value) = the attention above; key_padding_mask names the [B, S] mask M was built from.
+# mask_filter_value, nan_to_zero) = the attention above; key_padding_mask names the [B, S] mask M was
+# built from; nan_to_zero: NaN outputs are 0 (the graph's Where(IsNaN(p), 0, p) after the Softmax).
 SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
-              {"num_heads": int, "scale": float, "key_padding_mask": str, "mask_filter_value": float}, reference)
+              {"num_heads": int, "scale": float, "key_padding_mask": str, "mask_filter_value": float,
+               "nan_to_zero": int}, reference)
 
 
 # FusedAttentionCore(QKV[B, S, 3D] = x @ W, Bias[3D], M; num_heads, scale): the attention after the
@@ -247,12 +268,29 @@ def _common(m: Match) -> dict:
     return {"num_heads": int(m.attrs["num_heads"]), "scale": float(m.attrs["scale"])}
 
 
+def _output(m: Match, ctx: Context) -> str:
+    """The tensor the attention op writes: the match's output, or the one its NaN guard reads."""
+    return ctx.fresh("attention") if m.attrs.get("nan_to_zero") else m.output
+
+
+# op -> Where(IsNaN(y), 0, y): the graph's guard after the Softmax, moved after the op (a probability
+# row that is NaN gives a NaN output row, and the graph's 0 row gives 0 @ V = 0 for finite V)
+def _guarded(m: Match, ctx: Context, lowered: Lowered, out: str) -> Lowered:
+    if out == m.output:
+        return lowered
+    isnan = ctx.fresh("is_nan")
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), ctx.fresh("zero"))
+    guard = [node("IsNaN", [out], [isnan]), node("Where", [isnan, zero.name, out], [m.output])]
+    return Lowered(lowered.nodes + guard, lowered.initializers + [zero])
+
+
 # FusedAttention   ->   com.microsoft:Attention(x, W_qkv, b_qkv, attention_bias=M)
 def lower_attention_bias(m: Match, ctx: Context) -> Lowered | str:
     pre, inits, bias = _bias(m, ctx)
     inputs = [*m.inputs[:3], "", "", bias] if bias else m.inputs[:3]
-    att = node("Attention", inputs, [m.output], domain=MS_DOMAIN, **_common(m))
-    return Lowered(pre + [att], inits)
+    out = _output(m, ctx)
+    att = node("Attention", inputs, [out], domain=MS_DOMAIN, **_common(m))
+    return _guarded(m, ctx, Lowered(pre + [att], inits), out)
 
 
 # FusedAttention   ->   com.microsoft:Attention(x, W_qkv, b_qkv, mask_index=int32(attention_mask))
@@ -261,9 +299,10 @@ def lower_attention_mask(m: Match, ctx: Context) -> Lowered | str:
     if isinstance(padding, str):
         return padding
     pre, m32 = padding
-    att = node("Attention", [*m.inputs[:3], m32], [m.output], domain=MS_DOMAIN,
+    out = _output(m, ctx)
+    att = node("Attention", [*m.inputs[:3], m32], [out], domain=MS_DOMAIN,
                mask_filter_value=float(m.attrs["mask_filter_value"]), **_common(m))
-    return Lowered(pre + [att])
+    return _guarded(m, ctx, Lowered(pre + [att]), out)
 
 
 def _split_qkv(m: Match, ctx: Context) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[str]]:
@@ -281,8 +320,9 @@ def lower_mha_bias(m: Match, ctx: Context) -> Lowered | str:
     nodes, inits, (q, k, v) = _split_qkv(m, ctx)
     pre, more, bias = _bias(m, ctx)
     inputs = [q, k, v, m.inputs[2], "", bias] if bias else [q, k, v, m.inputs[2]]
-    mha = node("MultiHeadAttention", inputs, [m.output], domain=MS_DOMAIN, **_common(m))
-    return Lowered(nodes + pre + [mha], inits + more)
+    out = _output(m, ctx)
+    mha = node("MultiHeadAttention", inputs, [out], domain=MS_DOMAIN, **_common(m))
+    return _guarded(m, ctx, Lowered(nodes + pre + [mha], inits + more), out)
 
 
 # FusedAttention   ->   MatMul(x, W_qkv) -> Split -> com.microsoft:MultiHeadAttention(q, k, v, b, key_padding_mask)
@@ -292,16 +332,17 @@ def lower_mha_mask(m: Match, ctx: Context) -> Lowered | str:
         return padding
     nodes, inits, (q, k, v) = _split_qkv(m, ctx)
     pre, m32 = padding
-    mha = node("MultiHeadAttention", [q, k, v, m.inputs[2], m32], [m.output], domain=MS_DOMAIN,
+    out = _output(m, ctx)
+    mha = node("MultiHeadAttention", [q, k, v, m.inputs[2], m32], [out], domain=MS_DOMAIN,
                mask_filter_value=float(m.attrs["mask_filter_value"]), **_common(m))
-    return Lowered(nodes + pre + [mha], inits)
+    return _guarded(m, ctx, Lowered(nodes + pre + [mha], inits), out)
 
 
 # FusedAttention   ->   MatMul(x, W_qkv) -> ai.onnx.contrib:FusedAttentionCore(qkv, b_qkv, M) (native)
 def lower_native_core(m: Match, ctx: Context) -> Lowered | str:
-    qkv = ctx.fresh("qkv")
-    core = node(CORE_OP, [qkv, m.inputs[2], m.inputs[3]], [m.output], domain=DOMAIN, **_common(m))
-    return Lowered([node("MatMul", m.inputs[:2], [qkv]), core])
+    qkv, out = ctx.fresh("qkv"), _output(m, ctx)
+    core = node(CORE_OP, [qkv, m.inputs[2], m.inputs[3]], [out], domain=DOMAIN, **_common(m))
+    return _guarded(m, ctx, Lowered([node("MatMul", m.inputs[:2], [qkv]), core]), out)
 
 
 # Static priorities: attention_bias first (one GEMM for Q, K and V, and exact for any mask values);
@@ -393,6 +434,83 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
     return model
 
 
+def _sdpa_example(exporter: str = "torchscript", swap: bool = False, guard_fill: float = 0.0,
+                  masked: bool = True) -> onnx.ModelProto:
+    """One layer's attention as torch exports transformers' BertModel (SDPA): split-heads targets
+    Concat(Gather(Shape(x), 0), Gather(Shape(x), 1), [-1], [d]) (``swap``: axes 1 and 0, a different
+    Reshape), sqrt-scale Mul on Q and K^T, Where(bool mask, 0, -inf or finfo.min) added to the scores
+    (``masked``),
+    Where(IsNaN(p), ``guard_fill``, p) after the Softmax, a Reshape of the output to its own shape,
+    merge target Concat(.., [-1]). ``exporter`` "torchscript": K^T by Transpose [0, 2, 3, 1], mask
+    -inf; "dynamo": K^T through rank 3 (Reshape, Transpose [0, 2, 1], Reshape), mask finfo.min."""
+    hidden, rng = H * D, np.random.default_rng(11)
+    inits = {"zero": np.float32(0.0), "fill": np.float32(guard_fill), "minus_one": np.array([-1], np.int64),
+             "head": np.array([D], np.int64), "axis0": np.array([0], np.int64), "mask_axes": np.array([1, 2], np.int64),
+             "root": np.float32(math.sqrt(1.0 / math.sqrt(D))), "i0": np.int64(0), "i1": np.int64(1),
+             "i2": np.int64(2), "i3": np.int64(3), "last": np.array([-1], np.int64), "end": np.array([2**63 - 1]),
+             "second": np.array([-2], np.int64), "begin": np.array([-(2**63)]),
+             "min": np.float32(-np.inf if exporter == "torchscript" else np.finfo(np.float32).min)}
+
+    def dim(g: list, tensor: str, index: str, out: str) -> str:
+        g += [helper.make_node("Shape", [tensor], [f"{out}_shape"]),
+              helper.make_node("Gather", [f"{out}_shape", index], [f"{out}_scalar"], axis=0),
+              helper.make_node("Unsqueeze", [f"{out}_scalar", "axis0"], [out])]
+        return out
+
+    nodes: list[onnx.NodeProto] = []
+    lead = [dim(nodes, "x", "i0", "batch"), dim(nodes, "x", "i1", "seq")]
+    lead = lead[::-1] if swap else lead
+    nodes.append(helper.make_node("Concat", [*lead, "minus_one", "head"], ["split_target"], axis=0))
+    for name in "qkv":
+        inits[f"w{name}"] = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
+        inits[f"b{name}"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        nodes += [helper.make_node("MatMul", ["x", f"w{name}"], [f"{name}_mm"]),
+                  helper.make_node("Add", [f"b{name}", f"{name}_mm"], [f"{name}_lin"]),
+                  helper.make_node("Reshape", [f"{name}_lin", "split_target"], [f"{name}_r"])]
+        if name != "k" or exporter == "dynamo":
+            nodes.append(helper.make_node("Transpose", [f"{name}_r"], [f"{name}_h"], perm=[0, 2, 1, 3]))
+    if exporter == "torchscript":
+        nodes.append(helper.make_node("Transpose", ["k_r"], ["k_t"], perm=[0, 2, 3, 1]))
+    else:
+        nodes += [helper.make_node("Shape", ["k_h"], ["k_shape"]),
+                  helper.make_node("Slice", ["k_shape", "last", "end"], ["k_last"]),
+                  helper.make_node("Slice", ["k_shape", "second", "last"], ["k_second"]),
+                  helper.make_node("Slice", ["k_shape", "begin", "second"], ["k_lead"]),
+                  helper.make_node("Concat", ["minus_one", "k_second", "k_last"], ["k3_target"], axis=0),
+                  helper.make_node("Reshape", ["k_h", "k3_target"], ["k3"]),
+                  helper.make_node("Transpose", ["k3"], ["k3_t"], perm=[0, 2, 1]),
+                  helper.make_node("Concat", ["k_lead", "k_last", "k_second"], ["kt_target"], axis=0),
+                  helper.make_node("Reshape", ["k3_t", "kt_target"], ["k_t"])]
+    nodes += [helper.make_node("Mul", ["q_h", "root"], ["q_s"]), helper.make_node("Mul", ["k_t", "root"], ["k_s"]),
+              helper.make_node("MatMul", ["q_s", "k_s"], ["scores"])]
+    if masked:
+        nodes += [helper.make_node("Unsqueeze", ["attention_mask", "mask_axes"], ["m4"]),
+                  helper.make_node("Cast", ["m4"], ["keep"], to=TensorProto.BOOL),
+                  helper.make_node("Where", ["keep", "zero", "min"], ["bias"]),
+                  helper.make_node("Add", ["scores", "bias"], ["biased"])]
+    nodes += [helper.make_node("Softmax", ["biased" if masked else "scores"], ["probs"], axis=-1),
+              helper.make_node("IsNaN", ["probs"], ["probs_nan"]),
+              helper.make_node("Where", ["probs_nan", "fill", "probs"], ["probs_guarded"]),
+              helper.make_node("MatMul", ["probs_guarded", "v_h"], ["ctx"])]
+    same = [dim(nodes, "ctx", "i0", "ctx_batch"), "minus_one", dim(nodes, "q_h", "i2", "ctx_seq"),
+            dim(nodes, "v_h", "i3", "ctx_head")]
+    nodes += [helper.make_node("Concat", same, ["same_target"], axis=0),
+              helper.make_node("Reshape", ["ctx", "same_target"], ["ctx_same"]),
+              helper.make_node("Transpose", ["ctx_same"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Concat", [*lead, "minus_one"], ["merge_target"], axis=0),
+              helper.make_node("Reshape", ["ctx_t", "merge_target"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "sdpa_example",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])]
+        + ([helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [B, S])] if masked else []),
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortfuse-rule-example")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 RULE = PatternRule(
     id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC), lowering=LOWERING,
     examples=(
@@ -405,5 +523,11 @@ RULE = PatternRule(
         Example("cross_attention", lambda: _example(cross=True), reason="projections of different tensors"),
         Example("probs_are_an_output", lambda: _example(probs_out=True),
                 reason="intermediate tensor 'probs' is a graph output"),
+        Example("torchscript_sdpa_attention", _sdpa_example),
+        Example("dynamo_sdpa_attention_key_through_rank3", lambda: _sdpa_example("dynamo")),
+        Example("sdpa_batch_and_seq_swapped", lambda: _sdpa_example(swap=True, masked=False),
+                reason="entry 0 of its target (dim 1 of 'x') is not provably the batch"),
+        Example("sdpa_guard_fills_one", lambda: _sdpa_example(guard_fill=1.0),
+                reason="the attention probabilities are read by IsNaN, Where, not only by the MatMul with V"),
     ),
 )
