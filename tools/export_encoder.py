@@ -5,13 +5,15 @@ Usage::
 
     pip install -e '.[export]'
     python tools/export_encoder.py [--layers 6] [--exporter torchscript|dynamo|both]
-                                   [--weights random|minilm] [--out DIR]
+                                   [--weights random|minilm] [--attention sdpa|eager] [--out DIR]
                                    [--vocab 30522] [--max-position 512] [--intermediate 1536]
 
 The model is transformers' ``BertModel`` (no pooler) built from a ``BertConfig`` shaped like
 all-MiniLM-L6-v2 (hidden 384, 12 heads of 32, intermediate 1536, vocab 30522, 512 positions,
 2 token types), in eval mode, with inputs ``input_ids``, ``attention_mask``, ``token_type_ids``
-(int64, dynamic batch and sequence) and output ``last_hidden_state``. Exporters:
+(int64, dynamic batch and sequence) and output ``last_hidden_state``. ``--attention``: transformers'
+attention implementation, ``sdpa`` (its default: torch's scaled_dot_product_attention with a boolean
+mask) or ``eager`` (MatMul, scale, additive mask, Softmax, MatMul). Exporters:
 
 - ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=14)``, ``dynamic_axes``;
 - ``dynamo``: ``torch.onnx.export(..., dynamo=True, opset_version=18)``, ``dynamic_shapes``
@@ -26,7 +28,7 @@ downloaded. ``--weights minilm``: the trained all-MiniLM-L6-v2 weights and confi
 ``<cache>/models/export/``; ``--layers`` then keeps the first N layers (``--vocab`` and friends
 do not apply).
 
-Output: ``DIR/bert-L<layers>-<weights>-torchscript-opset14.onnx`` and/or
+Output: ``DIR/bert-L<layers>-<weights>[-eager]-torchscript-opset14.onnx`` and/or
 ``...-dynamo-opset18.onnx`` (default DIR: ``<cache>/models/export/``, the cache of
 ``ortfuse.runtime.cache_paths``), each with a ``doc_string`` naming the command, torch and
 transformers versions. The committed test fixtures (tests/fixtures/README.md) were made with::
@@ -115,7 +117,7 @@ def build(args):
         with tempfile.TemporaryDirectory() as work:
             fields, weights = minilm_files(Path(work))
         fields = {k: v for k, v in fields.items() if k in MINILM or k in ("model_type", "position_embedding_type")}
-        config = BertConfig(**{**fields, "num_hidden_layers": args.layers})
+        config = BertConfig(**{**fields, "num_hidden_layers": args.layers, "attn_implementation": args.attention})
         bert = BertModel(config, add_pooling_layer=False)
         from safetensors.torch import load_file
 
@@ -130,7 +132,7 @@ def build(args):
     else:
         config = BertConfig(**{**MINILM, "num_hidden_layers": args.layers, "vocab_size": args.vocab,
                                "max_position_embeddings": args.max_position,
-                               "intermediate_size": args.intermediate})
+                               "intermediate_size": args.intermediate, "attn_implementation": args.attention})
         bert = BertModel(config, add_pooling_layer=False)
         with torch.no_grad():
             for name, p in bert.named_parameters():
@@ -176,12 +178,18 @@ def export(model, config, exporter: str, path: Path) -> None:
 
 
 def _stamp(path: Path, command: str) -> None:
-    """Record the command and versions in the model's doc_string (one file, no external data)."""
+    """Record the command and versions in the model's doc_string (one file, no external data); drop
+    the Python stack traces the dynamo exporter puts on each node (local paths and this tool's line
+    numbers, which would make the same export differ from checkout to checkout)."""
     import onnx
     import torch
     import transformers
 
     model = onnx.load(str(path))
+    for node in model.graph.node:
+        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
     model.doc_string = (f"made by: {command}; torch {torch.__version__}, transformers {transformers.__version__}, "
                         f"onnx {onnx.__version__}")
     onnx.save(model, str(path))
@@ -196,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exporter", choices=["torchscript", "dynamo", "both"], default="both")
     parser.add_argument("--weights", choices=["random", "minilm"], default="random",
                         help="seeded random (default) or the pinned all-MiniLM-L6-v2 weights")
+    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                        help="transformers' attention implementation (default sdpa, its own default)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default <cache>/models/export)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=MINILM["vocab_size"], help="random weights only")
@@ -211,11 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         raise SystemExit(f"{exc.name} is not installed; install the export extra: pip install -e '.[export]'") from None
     out = args.out or _export_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700 if args.out is None else 0o777)
     model, config = build(args)
     command = "python tools/export_encoder.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     for exporter in EXPORTERS if args.exporter == "both" else [args.exporter]:
-        path = out / f"bert-L{args.layers}-{args.weights}-{exporter}-opset{EXPORTERS[exporter]}.onnx"
+        variant = "-eager" if args.attention == "eager" else ""
+        path = out / f"bert-L{args.layers}-{args.weights}{variant}-{exporter}-opset{EXPORTERS[exporter]}.onnx"
         export(model, config, exporter, path)
         _stamp(path, command)
         print(f"{exporter}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
