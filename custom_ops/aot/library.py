@@ -195,7 +195,7 @@ def build(path: Path | None = None, isa_level: str | None = None, jobs: int | No
     from ortfuse.runtime.files import FILE_MODE, content_digest, write_atomic
 
     lv = isa_level or level()
-    path = Path(path) if path is not None else default_path(lv)
+    path = Path(os.path.abspath(path if path is not None else default_path(lv)))  # the child runs elsewhere
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortfuse-aot-numba-") as numba_cache:
         env = {**os.environ, **numba_env(lv), "NUMBA_CACHE_DIR": numba_cache}

@@ -123,10 +123,14 @@ def child_argv(module: str, args: list[str], ready: str) -> list[str]:
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment with the folder that holds ortfuse first on ``PYTHONPATH``."""
+    """This process's environment with the folder that holds ortfuse first on ``PYTHONPATH`` and the
+    cache folders made absolute (the child runs in another working directory)."""
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    for name in ("ORTFUSE_CACHE_DIR", "NUMBA_CACHE_DIR", "ORTFUSE_OPS_LIBRARY"):
+        if env.get(name) and env[name].strip().lower() not in ("0", "off", "false", "no"):
+            env[name] = os.path.abspath(os.path.expanduser(env[name]))
     return env
 
 
