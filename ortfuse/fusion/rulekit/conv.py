@@ -1,5 +1,6 @@
 """The conv core shared by the conv rules: Conv [-> Add(const per-channel bias)] [-> BatchNormalization]
-with BN and bias folded into the weights, the fused op's conv attributes, and their lowered form.
+[-> Mul / Add by per-channel constants...] with BN, bias and scales folded into the weights, the
+fused op's conv attributes, and their lowered form.
 
 BN and the exporter-style bias (Constant -> Reshape -> Add) are folded into the weights at rewrite
 time (inference only): W' = W * g / sqrt(var + eps), B' = (B - mean) * g / sqrt(var + eps) + beta.
@@ -34,7 +35,7 @@ class ConvCore:
 
 
 def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore | Reject | None:
-    """Conv [-> Add(const per-channel bias)] [-> BatchNormalization], BN and bias folded."""
+    """Conv [-> Add(const per-channel bias)] [-> BatchNormalization] [-> Mul/Add(const)...], folded."""
     if conv.op_type != "Conv" or not conv.input[0]:
         return None
     w = ix.const(conv.input[1])
@@ -87,7 +88,42 @@ def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore
             nodes.append(bn)
             out = bn.output[0]
             has_bn = True
+    weight, bias, out = _fold_affine(ix, nodes, out, m, weight, bias)
     return ConvCore(nodes, out, weight.astype(np.float32), bias.astype(np.float32), conv_attrs, has_bn, has_bias_add)
+
+
+def _channel_constant(ix: GraphIndex, node: onnx.NodeProto, x: str, m: int) -> np.ndarray | None:
+    """The constant operand of ``node`` (applied to ``x``) as M per-channel float64 values, when it is
+    uniform or per output channel ([M,1,1], [1,M,1,1]); else None (a 1-D [M] broadcasts along W)."""
+    other = ix.other_input(node, x)
+    c = ix.const(other) if other and other != x else None
+    if c is None or c.dtype != np.float32:
+        return None
+    if c.size == 1 and c.ndim <= 4:
+        return np.full(m, float(c.reshape(-1)[0]))
+    if c.shape in ((m, 1, 1), (1, m, 1, 1)):
+        return c.astype(np.float64).reshape(m)
+    return None
+
+
+def _fold_affine(ix: GraphIndex, nodes: list[onnx.NodeProto], out: str, m: int, weight: np.ndarray,
+                 bias: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """Fold the run of Mul / Add by per-channel or uniform constants after the conv (PP-LCNetV3's
+    learnable affine blocks, exporters' scale layers): s * (conv(X, W) + B) + c = conv(X, s W) + (s B + c).
+    Appends the folded nodes to ``nodes``; returns the weight, bias and output after them."""
+    while True:
+        node = ix.only_consumer(out)
+        if node is None or node.op_type not in ("Mul", "Add") or len(node.input) != 2:
+            return weight, bias, out
+        values = _channel_constant(ix, node, out, m)
+        if values is None:
+            return weight, bias, out
+        if node.op_type == "Mul":
+            weight, bias = weight * values.reshape(m, 1, 1, 1), bias * values
+        else:
+            bias = bias + values
+        nodes.append(node)
+        out = node.output[0]
 
 
 def fused_attrs(core: ConvCore, activation: str) -> dict:

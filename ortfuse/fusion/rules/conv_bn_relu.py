@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -161,11 +162,30 @@ def _conv_then_ops(*ops: str, conv_is_output: bool = False, weight_input: bool =
     return model(nodes, inputs, [f"t{len(ops)}"] + (["t0"] if conv_is_output else []), constants)
 
 
+def _conv_affine_hardswish(scale_shape: tuple[int, ...] = (1,)) -> onnx.ModelProto:
+    """Conv -> Mul(scale, .) -> Add(., bias) -> x * Clip(x + 3, 0, 6) / 6, as Paddle2ONNX writes
+    PP-LCNetV3's learnable affine block and HardSwish (constants first in Mul, scalars as [1])."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["s", "c"], ["m"], name="lab_mul"),
+             helper.make_node("Add", ["m", "t"], ["a"], name="lab_add"),
+             helper.make_node("Add", ["a", "three"], ["h0"], name="hs_add"),
+             helper.make_node("Clip", ["h0", "zero", "six"], ["h1"], name="hs_clip"),
+             helper.make_node("Mul", ["a", "h1"], ["h2"], name="hs_mul"),
+             helper.make_node("Div", ["h2", "six"], ["y"], name="hs_div")]
+    constants = {"w": weights([4, 3, 3, 3]), "b": weights([4], seed=1), "s": weights(list(scale_shape), seed=6) + 1,
+                 "t": weights([1], seed=7), "three": np.float32(3), "zero": np.float32(0), "six": np.float32(6)}
+    return model(nodes, {"x": [2, 3, 8, 7]}, ["y"], constants)
+
+
 RULE = PatternRule(
     id=ID, order=20, matcher=match, specs=(SPEC,), lowering=LOWERING,
     examples=(
         Example("conv_bn_relu", lambda: _conv_then_ops("BatchNormalization", "Relu")),
         Example("conv_hardswish", lambda: _conv_then_ops("HardSwish")),
+        Example("conv_affine_hardswish", _conv_affine_hardswish),
+        Example("conv_channel_affine_hardswish", lambda: _conv_affine_hardswish((1, 4, 1, 1))),
+        # a 1-D [4] scale broadcasts along the width, not the channels: not folded, and the bare Conv is no candidate
+        Example("scale_along_the_width", lambda: _conv_affine_hardswish((7,)), reason=""),
         Example("weight_computed_at_run_time", lambda: _conv_then_ops("Relu", weight_input=True),
                 reason="Conv weight 'w' is not a constant"),
         Example("conv_output_is_a_graph_output", lambda: _conv_then_ops("Relu", conv_is_output=True),
