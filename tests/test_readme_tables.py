@@ -160,11 +160,63 @@ def test_marker_without_files_or_of_unknown_kind_is_an_error(tmp_path):
         tables.update("# no markers\n", tmp_path)
 
 
+def _synthetic_public() -> dict:
+    """A ``--suite public --peer openvino`` file: two models, one skipped."""
+    doc = _synthetic()
+    doc["suite"] = "public"
+    doc["environment"]["isa_features"] = ["avx2", "fma"]
+    doc["environment"]["versions"]["openvino"] = "2026.4.1"
+    doc["environment"]["ortfuse_source"] = {"git_commit": "0123456789abcdef", "modified": ["ortfuse/x.py"]}
+    doc["protocol"]["configs"] = ["ort_disable_all", "ort_enable_all", "ortfuse_auto", "ortfuse_numba",
+                                  "ort_enable_all_b", "openvino_f32"]
+    doc["skipped"] = [{"model": "net_c", "reason": "net_c: pip could not download pkg==1.0 (no network): check..."}]
+    for res, member in zip(doc["results"], ("a.onnx", "b.onnx")):
+        res["zoo"] = None
+        res["inputs"] = {"x": {"shape": [1, 3, 48, 320], "dtype": "float32"}}
+        res["public"] = {"package": "pkg", "version": "1.0", "member": f"pkg/models/{member}",
+                         "sha256": member[0] * 64, "inputs": {"x": [1, 3, 48, 320]}}
+        base = res["configs"]["ort_enable_all"]["p50_ms"]
+        res["configs"]["openvino_f32"] = _config("OpenVINO CPU plugin, f32 forced, same threads", base * 0.7,
+                                                 [0.69, 0.7, 0.72], "faster")
+        res["configs"]["ortfuse_numba"]["max_rel_diff"] = 2e-6
+        res["configs"]["ort_enable_all"]["max_rel_diff"] = 1e-6
+    return doc
+
+
+def test_public_section_has_one_row_per_model_a_column_per_config_and_the_packages(tmp_path):
+    tables = _tables()
+    (tmp_path / "bench-public-x.json").write_text(json.dumps(_synthetic_public()))
+    text = tables.render_section("public", " files=bench-public-x.json ", tmp_path)
+    assert text.startswith("- Command: `ortfuse bench --suite public --batch 1 --runs 20 --repeats 3 --peer openvino "
+                           "--memory off --json benchmarks/results/` ([bench-public-x.json]")
+    for part in ("\n- Machine: Test CPU (avx2, fma), 4 logical cores",
+                 "\n- Versions: onnxruntime 1.32.0, openvino 2026.4.1",
+                 "ortfuse 0.1.0 (git 0123456789 with 1 modified file(s)), Python 3.11.7",
+                 "Models: pkg 1.0: `a.onnx` (sha256 aaaaaaaaaaaa...), `b.onnx` (sha256 bbbbbbbbbbbb...)",
+                 "| model (package) | input | stock ORT p50 ms | `fusion=True` / stock [repeats] | "
+                 "`fusion=\"auto\"` / stock [repeats] | OpenVINO f32 / stock [repeats] | A/A control [repeats] |",
+                 "| `net_a` (pkg 1.0) | x 1x3x48x320 | 12.0 | 0.950 [0.900-0.970] faster | 0.750 [0.700-0.800] faster "
+                 "| 0.700 [0.690-0.720] faster | 1.000 [0.990-1.020] | 2.0e-06 / 1.0e-06 | hardswish:3 |",
+                 "Not measured in this run:\n\n- net_c: pip could not download pkg==1.0"):
+        assert part in text, part
+    assert text.count("\n| `net_") == 2
+
+
+def test_print_renders_one_file_without_touching_the_readme(tmp_path, capsys):
+    tables = _tables()
+    path = tmp_path / "bench-public-x.json"
+    path.write_text(json.dumps(_synthetic_public()))
+    assert tables.main(["--readme", str(tmp_path / "absent.md"), "--print", "public", str(path)]) == 0
+    assert capsys.readouterr().out == tables.render_section("public", " files=bench-public-x.json ", tmp_path)
+    assert not (tmp_path / "absent.md").exists()
+
+
 def test_readme_sections_equal_their_rendering_from_benchmarks_results():
     tables = _tables()
     readme = (ROOT / "README.md").read_text()
     sections = list(tables.SECTION.finditer(readme))
-    assert [m.group("kind") for m in sections] == ["bench"]  # the README's ortfuse bench table is generated
+    # the public-model suite's table first, then the generated zoo's
+    assert [m.group("kind") for m in sections] == ["public", "bench"]
     for m in sections:
         for name in tables._files(m.group("args")):
             assert (tables.RESULTS / name).is_file(), name

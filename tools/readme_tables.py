@@ -14,8 +14,14 @@ Everything between the markers is replaced; the markers stay. The files are name
 rather than picked as "the newest bench-*.json" so that a result file committed for another purpose
 (a before/after comparison of one model, a run on another machine) never silently replaces the
 README's table: changing what the README shows is an edit of one marker line, reviewed like any
-other. Kinds of section: ``bench`` (``ortfuse bench --json`` files). The renderer reads only the
-files (no ortfuse import), so the README says what the files say, not what today's code would.
+other. Kinds of section: ``bench`` (``ortfuse bench --json`` files: one row per model and ortfuse
+configuration) and ``public`` (``ortfuse bench --suite public --json`` files: one row per model, a
+column per configuration, with the packages and sha256 the models came from). The renderer reads
+only the files (no ortfuse import), so the README says what the files say, not what today's code
+would. ``--print KIND FILE`` renders one file to stdout, for a table of another machine's run:
+
+    ortfuse bench --suite public --peer openvino --threads 2 --json results/
+    python tools/readme_tables.py --print public results/bench-public-<date>.json
 """
 
 from __future__ import annotations
@@ -87,7 +93,8 @@ def _command(doc: dict) -> str:
     prot = doc["protocol"]
     models = list(dict.fromkeys(res.get("zoo") or res["model"] for res in doc["results"]))
     batches = list(dict.fromkeys(str(res["batch"]) for res in doc["results"]))
-    parts = ["ortfuse bench", *models, "--batch", ",".join(batches)]
+    chosen = ["--suite", doc["suite"]] if doc.get("suite") else models
+    parts = ["ortfuse bench", *chosen, "--batch", ",".join(batches)]
     if prot.get("runs") != "auto":
         parts += ["--runs", str(prot["runs"])]
     parts += ["--repeats", str(prot["repeats"])]
@@ -114,13 +121,9 @@ def _command(doc: dict) -> str:
     return " ".join(parts)
 
 
-def _run_line(doc: dict, name: str) -> str:
-    """One paragraph naming the machine, date, load, versions and protocol of the run."""
-    env, prot = doc["environment"], doc["protocol"]
-    v = env.get("versions", {})
-    versions = ", ".join(
-        f"{k} {v[k]}" for k in ("ortfuse", "onnxruntime", "onnxruntime-extensions", "onnx", "numba", "numpy") if k in v
-    )
+def _when_where(doc: dict) -> tuple[str, str, str]:
+    """(date, cores, load and duration) of a run, as the run lines print them."""
+    env = doc["environment"]
     date = str(env["date"]).replace("T", " ")[:16] + " UTC" if "+00:00" in str(env["date"]) else str(env["date"])
     cores = (
         f"{env['logical_cores']} logical cores ({env['physical_cores']} physical, {env['usable_cores']} usable)"
@@ -130,7 +133,18 @@ def _run_line(doc: dict, name: str) -> str:
     load = f"load average {before[0]:.2f} before the run" if before else "load average not recorded"
     if after:
         load += f", {min(after):.2f}-{max(after):.2f} after each model"
-    minutes = f", {doc['wall_s'] / 60:.1f} minutes" if doc.get("wall_s") else ""
+    load += f", {doc['wall_s'] / 60:.1f} minutes" if doc.get("wall_s") else ""
+    return date, cores, load
+
+
+def _run_line(doc: dict, name: str) -> str:
+    """One paragraph naming the machine, date, load, versions and protocol of the run."""
+    env, prot = doc["environment"], doc["protocol"]
+    v = env.get("versions", {})
+    versions = ", ".join(
+        f"{k} {v[k]}" for k in ("ortfuse", "onnxruntime", "onnxruntime-extensions", "onnx", "numba", "numpy") if k in v
+    )
+    date, cores, load = _when_where(doc)
     tune = [
         row.get("tune_s")
         for res in doc["results"]
@@ -150,7 +164,7 @@ def _run_line(doc: dict, name: str) -> str:
     runs = prot["runs"] if prot["runs"] != "auto" else "auto-sized"
     return (
         f"`{_command(doc)}` ([{name}](benchmarks/results/{name})): {date}, {env['cpu_model']}, {cores}, "
-        f"Python {env.get('python', '?')}, {versions}; {load}{minutes}. "
+        f"Python {env.get('python', '?')}, {versions}; {load}. "
         f"{prot['warmup_passes_per_repeat']} warm-up + {runs} timed passes per repeat, {prot['repeats']} repeats, "
         f"single runs of every configuration interleaved, ORT spinning {'on' if prot.get('spinning') else 'off'}."
         f"{tune_txt}"
@@ -223,19 +237,140 @@ def render_bench(docs: list[tuple[str, dict]]) -> str:
         notes = _notes(doc)
         if notes:
             parts.append("Notes written by the run:\n\n" + "\n".join(notes))
+    parts.append(_legend(docs) + f" max abs diff = largest difference of any output from `{_reference(docs)}`.")
+    return "\n\n".join(parts) + "\n"
+
+
+def _reference(docs: list[tuple[str, dict]]) -> str:
+    return docs[0][1]["protocol"].get("reference", "ort_disable_all") if docs else "ort_disable_all"
+
+
+def _legend(docs: list[tuple[str, dict]]) -> str:
     baseline = docs[0][1]["protocol"].get("baseline", "ort_enable_all") if docs else "ort_enable_all"
-    reference = docs[0][1]["protocol"].get("reference", "ort_disable_all") if docs else "ort_disable_all"
-    parts.append(
+    return (
         f"stock ORT = `{baseline}` (onnxruntime, all graph optimizations); p50 = median over repeats of each "
         f"repeat's median latency; p50 / stock = median over repeats of the same repeat's ratio [min-max]; "
         f"A/A control = a second stock session measured the same way, whose spread (made symmetric around 1) "
         f"is the noise band; verdict `faster`/`slower` only when every repeat's ratio lies outside it, "
-        f"`~ noise` otherwise; max abs diff = largest difference of any output from `{reference}`."
+        f"`~ noise` otherwise;"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- public
+
+PEER_LABELS = {"openvino_f32": "OpenVINO f32", "ort_transformers": "ORT transformer optimizer"}
+ORTFUSE_TRUE = "ortfuse_numba"  # the configuration of fusion=True, whose numerics the table shows
+
+
+def _label(name: str, row: dict) -> str:
+    return PEER_LABELS.get(name) or _config_label(name, row)
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _origins(doc: dict) -> str:
+    """The packages the models came from, each model file with the start of its sha256."""
+    by_package: dict[str, list[str]] = {}
+    for res in doc["results"]:
+        pub = res.get("public")
+        if pub:
+            files = by_package.setdefault(f"{pub['package']} {pub['version']}", [])
+            entry = f"`{pub['member'].rsplit('/', 1)[-1]}` (sha256 {pub['sha256'][:12]}...)"
+            if entry not in files:
+                files.append(entry)
+    return "; ".join(f"{package}: {', '.join(files)}" for package, files in by_package.items())
+
+
+def _public_run_line(doc: dict, name: str) -> str:
+    env, prot = doc["environment"], doc["protocol"]
+    v = env.get("versions", {})
+    versions = ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "openvino", "onnxruntime-extensions", "onnx", "numba",
+                                                  "numpy", "ortfuse") if v.get(k, "not installed") != "not installed")
+    date, cores, load = _when_where(doc)
+    isa = f" ({', '.join(env['isa_features'])})" if env.get("isa_features") else ""
+    runs = prot["runs"] if prot["runs"] != "auto" else "auto-sized"
+    threads = prot.get("intra_op_num_threads")
+    source = env.get("ortfuse_source") or {}
+    if source.get("git_commit"):
+        changed = f" with {len(source['modified'])} modified file(s)" if source.get("modified") else ""
+        versions += f" (git {source['git_commit'][:10]}{changed})"
+    return (
+        f"- Command: `{_command(doc)} --json benchmarks/results/` ([{name}](benchmarks/results/{name})).\n"
+        f"- Machine: {env['cpu_model']}{isa}, {cores}, {env.get('platform', '')}; {load}.\n"
+        f"- Versions: {versions}, Python {env.get('python', '?')}.\n"
+        f"- Models: {_origins(doc)}.\n"
+        f"- Protocol: {prot['warmup_passes_per_repeat']} warm-up + {runs} timed passes per repeat, {prot['repeats']} "
+        f"repeats, single runs of every configuration interleaved, batch 1, intra-op threads {threads}, ORT "
+        f"spinning {'on' if prot.get('spinning') else 'off'}, seeded standard-normal inputs at each model's "
+        f"input shape; {date}."
+    )
+
+
+def public_columns(doc: dict) -> list[str]:
+    """The configurations shown as columns: every one but the stock sessions, ``fusion=True`` first,
+    the others in the file's order."""
+    prot = doc["protocol"]
+    stock = {prot.get("baseline"), prot.get("control"), prot.get("reference")}
+    return sorted((c for c in prot["configs"] if c not in stock), key=lambda c: c != ORTFUSE_TRUE)
+
+
+def _rel(row: dict | None) -> str:
+    return diff(row.get("max_rel_diff")) if row else "-"
+
+
+def public_rows(doc: dict) -> list[list[str]]:
+    """One row per (model, batch) of a ``--suite public`` result file."""
+    prot = doc["protocol"]
+    rows = []
+    for res in doc["results"]:
+        base = res["configs"][prot["baseline"]]
+        ctrl = res.get("control")
+        pub = res.get("public") or {}
+        origin = f" ({pub['package']} {pub['version']})" if pub else ""
+        cells = [f"`{res['model']}`{origin}",
+                 ", ".join(f"{k} {_shape(v['shape'])}" for k, v in res["inputs"].items()),
+                 ms(base["p50_ms"])]
+        for name in public_columns(doc):
+            row = res["configs"].get(name)
+            cells.append(f"{ratio_range(row['ratio'], row['ratio_per_repeat'])} {row.get('verdict') or ''}".rstrip()
+                         if row else "-")
+        cells.append(ratio_range(ctrl["ratio"], ctrl["ratio_per_repeat"]) if ctrl else "n/a")
+        cells.append(f"{_rel(res['configs'].get(ORTFUSE_TRUE))} / {_rel(base)}")
+        fused = res["configs"].get(ORTFUSE_TRUE, {}).get("fused_ops")
+        cells.append(_fused(fused))
+        rows.append(cells)
+    return rows
+
+
+def public_header(doc: dict) -> list[str]:
+    labels = [_label(c, doc["results"][0]["configs"][c]) if doc["results"] else f"`{c}`"
+              for c in public_columns(doc)]
+    return ["model (package)", "input", "stock ORT p50 ms", *[f"{label} / stock [repeats]" for label in labels],
+            "A/A control [repeats]", "max rel diff: `fusion=True` / stock ORT", "fused ops (`fusion=True`)"]
+
+
+def render_public(docs: list[tuple[str, dict]]) -> str:
+    parts = []
+    for name, doc in docs:
+        parts.append(_public_run_line(doc, name))
+        parts.append(_markdown(public_header(doc), public_rows(doc)))
+        skipped = doc.get("skipped") or []
+        if skipped:
+            parts.append("Not measured in this run:\n\n" + "\n".join(f"- {s['reason']}" for s in skipped))
+        notes = _notes(doc)
+        if notes:
+            parts.append("Notes written by the run:\n\n" + "\n".join(notes))
+    parts.append(
+        _legend(docs) + f" max rel diff = largest difference of any output from `{_reference(docs)}` (stock "
+        "ORT, graph optimizations off) relative to that output's largest magnitude, for `fusion=True` and for "
+        "stock ORT with all optimizations."
     )
     return "\n\n".join(parts) + "\n"
 
 
-RENDERERS = {"bench": render_bench}
+RENDERERS = {"bench": render_bench, "public": render_public}
 
 
 # ---------------------------------------------------------------------------------------------- README
@@ -276,7 +411,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 with a diff when README is not up to date")
     parser.add_argument("--readme", type=Path, default=README, help="the markdown file (default README.md)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the result files")
+    parser.add_argument("--print", nargs=2, metavar=("KIND", "FILE"),
+                        help="render one result file as a section of KIND (bench, public) to stdout, README untouched")
     args = parser.parse_args(argv)
+    if args.print:
+        kind, file = args.print
+        path = Path(file).resolve()
+        print(render_section(kind, f" files={path.name} ", path.parent), end="")
+        return 0
     old = args.readme.read_text()
     new = update(old, args.results)
     if args.check:
