@@ -32,6 +32,7 @@ class ConvCore:
     attrs: dict
     has_bn: bool
     has_bias_add: bool
+    input: str  # the fused op's X: the conv's input, or the tensor before the affine steps folded into it
 
 
 def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore | Reject | None:
@@ -64,6 +65,9 @@ def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore
         "group": int(attr(conv, "group", 1)),
     }
     nodes, out, weight = [conv], conv.output[0], w.astype(np.float64)
+    x = conv.input[0]
+    if not any(conv_attrs["pads"]):
+        weight, bias, x = _fold_input_affine(ix, conv, nodes, weight, bias, conv_attrs["group"])
     has_bias_add = has_bn = False
     add = ix.only_consumer(out)
     if add is not None and add.op_type == "Add":
@@ -89,7 +93,8 @@ def conv_core(ix: GraphIndex, conv: onnx.NodeProto, pattern_id: str) -> ConvCore
             out = bn.output[0]
             has_bn = True
     weight, bias, out = _fold_affine(ix, nodes, out, m, weight, bias)
-    return ConvCore(nodes, out, weight.astype(np.float32), bias.astype(np.float32), conv_attrs, has_bn, has_bias_add)
+    return ConvCore(nodes, out, weight.astype(np.float32), bias.astype(np.float32), conv_attrs, has_bn, has_bias_add,
+                    x)
 
 
 def _channel_constant(ix: GraphIndex, node: onnx.NodeProto, x: str, m: int) -> np.ndarray | None:
@@ -104,6 +109,45 @@ def _channel_constant(ix: GraphIndex, node: onnx.NodeProto, x: str, m: int) -> n
     if c.shape in ((m, 1, 1), (1, m, 1, 1)):
         return c.astype(np.float64).reshape(m)
     return None
+
+
+def _fold_input_affine(ix: GraphIndex, conv: onnx.NodeProto, nodes: list[onnx.NodeProto], weight: np.ndarray,
+                       bias: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """Fold the run of Mul / Add by per-channel or uniform constants that feeds an unpadded conv (the
+    affine block after an activation, before a pointwise conv): with X' = a X + b per input channel,
+    conv(X', W) + B = conv(X, W a) + B + sum over (c, kernel) of W b. Exact only without padding
+    (a padded border would read a X + b where the original reads 0). Adds the folded nodes to
+    ``nodes``; returns the weight, bias and the tensor the folded conv reads."""
+    m, per_group = weight.shape[0], weight.shape[1]
+    channels = per_group * group
+    steps: list[tuple[onnx.NodeProto, np.ndarray]] = []
+    x = conv.input[0]
+    while True:
+        node = ix.producer.get(x)
+        if node is None or node.op_type not in ("Mul", "Add") or len(node.input) != 2 or id(node) in ix.claimed:
+            break  # (a claimed step already belongs to the conv before it)
+        if ix.only_consumer(x) is not (conv if not steps else steps[-1][0]) or x in ix.graph_outputs:
+            break
+        source = next((i for i in node.input if ix.const(i) is None), None)
+        values = _channel_constant(ix, node, source, channels) if source else None
+        if values is None:
+            break
+        steps.append((node, values))
+        x = source
+    if not steps:
+        return weight, bias, conv.input[0]
+    a, b = np.ones(channels), np.zeros(channels)
+    for node, values in reversed(steps):  # from X forwards: Mul scales both, Add shifts
+        if node.op_type == "Mul":
+            a, b = a * values, b * values
+        else:
+            b = b + values
+    # input channel of W[o, j] is (o // (m // group)) * per_group + j
+    cols = (np.arange(m) // (m // group))[:, None] * per_group + np.arange(per_group)[None, :]
+    bias = bias + (weight * b[cols][:, :, None, None]).sum(axis=(1, 2, 3))
+    weight = weight * a[cols][:, :, None, None]
+    nodes.extend(node for node, _ in steps)
+    return weight, bias, x
 
 
 def _fold_affine(ix: GraphIndex, nodes: list[onnx.NodeProto], out: str, m: int, weight: np.ndarray,

@@ -47,7 +47,7 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     if problem:
         return Reject(ID, nodes, problem)
     inits = folded_weights(ix, core, anchor)
-    return Match(ID, "FusedConvAddAct", nodes, [anchor.input[0]] + [w.name for w in inits] + [residual],
+    return Match(ID, "FusedConvAddAct", nodes, [core.input] + [w.name for w in inits] + [residual],
                  relu.output[0], fused_attrs(core, "relu"), inits)
 
 

@@ -51,7 +51,7 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     if problem:
         return Reject(ID, nodes, problem)
     inits = folded_weights(ix, core, anchor)
-    return Match(ID, "FusedConvAct", nodes, [anchor.input[0]] + [w.name for w in inits], out,
+    return Match(ID, "FusedConvAct", nodes, [core.input] + [w.name for w in inits], out,
                  {**fused_attrs(core, kind), "alpha": alpha, "beta": beta}, inits)
 
 
@@ -177,6 +177,18 @@ def _conv_affine_hardswish(scale_shape: tuple[int, ...] = (1,)) -> onnx.ModelPro
     return model(nodes, {"x": [2, 3, 8, 7]}, ["y"], constants)
 
 
+def _affine_then_conv(pads: int = 0, group: int = 1, kernel: int = 1) -> onnx.ModelProto:
+    """x -> Mul(per-channel scale) -> Add(bias) -> Conv -> Relu: the affine block an activation ends
+    with, before the next conv. Folded into an unpadded conv; a padded one reads it as it is."""
+    nodes = [helper.make_node("Mul", ["x", "s"], ["m"], name="lab_mul"),
+             helper.make_node("Add", ["t", "m"], ["a"], name="lab_add"),
+             helper.make_node("Conv", ["a", "w", "b"], ["c"], name="conv", group=group, pads=[pads] * 4),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    constants = {"s": weights([1, 4, 1, 1], seed=2) + 1, "t": weights([1], seed=3) + 2,
+                 "w": weights([6, 4 // group, kernel, kernel]), "b": weights([6], seed=1)}
+    return model(nodes, {"x": [2, 4, 8, 7]}, ["y"], constants)
+
+
 RULE = PatternRule(
     id=ID, order=20, matcher=match, specs=(SPEC,), lowering=LOWERING,
     examples=(
@@ -185,6 +197,9 @@ RULE = PatternRule(
         Example("conv_affine_hardswish", _conv_affine_hardswish),
         Example("conv_channel_affine_hardswish", lambda: _conv_affine_hardswish((1, 4, 1, 1))),
         # a 1-D [4] scale broadcasts along the width, not the channels: not folded, and the bare Conv is no candidate
+        Example("affine_into_pointwise_conv", _affine_then_conv),
+        Example("affine_into_grouped_3x3_conv", lambda: _affine_then_conv(group=2, kernel=3)),
+        Example("affine_before_a_padded_conv_stays", lambda: _affine_then_conv(pads=1, kernel=3)),
         Example("scale_along_the_width", lambda: _conv_affine_hardswish((7,)), reason=""),
         Example("weight_computed_at_run_time", lambda: _conv_then_ops("Relu", weight_input=True),
                 reason="Conv weight 'w' is not a constant"),
