@@ -590,3 +590,13 @@ def test_cache_key_is_the_same_whether_or_not_the_process_loaded_llvm(tmp_path):
     loaded, child_key = out.stdout.splitlines()[-2:]
     assert loaded == "False", "the child loaded LLVM: the case is not tested"
     assert json.loads(child_key) == json.loads(json.dumps(tune.tune(model, measure=False).key, sort_keys=True))
+
+
+def test_cache_key_names_the_sources_it_was_measured_with(monkeypatch):
+    """Decisions name matches of the rules that made them: edited sources mean a new key."""
+    from ortfuse.runtime import plan_cache
+
+    model = hardswish_model(side=32)
+    before = tune.tune(model, measure=False).key
+    monkeypatch.setattr(plan_cache, "code_digest", lambda: "other sources")
+    assert tune.tune(model, measure=False).key != before

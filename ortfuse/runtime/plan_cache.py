@@ -66,7 +66,7 @@ def root() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _code_digest() -> str:
+def code_digest() -> str:
     """sha256 over ortfuse's Python sources and the installed runtime versions."""
     import ortfuse.custom_ops
 
@@ -143,7 +143,7 @@ def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> 
 def _key(identity: str, sess_options, fusion, fusion_patterns, kernels) -> str:
     parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
              _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
-             isa.fingerprint(), ranking.digest(), _code_digest()]
+             isa.fingerprint(), ranking.digest(), code_digest()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 

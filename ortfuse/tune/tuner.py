@@ -32,6 +32,7 @@ from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
 from ortfuse.kernels import isa, ranking, registry
+from ortfuse.runtime import plan_cache
 from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.files import write_atomic
 from ortfuse.runtime.messages import one_sentence
@@ -61,12 +62,15 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
 
     ``measure=False`` (default: ``tuning_enabled()``) never measures: without a cached entry the
     result holds no decision (``measured`` False), so ``auto`` keeps nothing. ``force`` measures even
-    when cached. ``sample``: representative feeds, measured on instead of random ones; the cache key
-    then holds their shapes (``batch`` and ``dims`` are not used). ``any_shapes``: when the entry for
-    these shapes is missing, the decisions last measured on this model with the same key but other
-    input shapes (live tuning on real feeds files them so). ``budget_s``: measuring's time budget
-    (default ``measure.BUDGET_S``). Never raises for a model ORT could run (see the module
-    docstring); bad pattern ids are the caller's to fix."""
+    when cached. Random feeds are made at ``feeds.sample_shapes`` (the key holds those shapes):
+    ``dims`` and the options' ``ortfuse.tune_dims`` kept as given, ``batch`` and the other dynamic
+    dims shrunk until the feeds fit ``feeds.SAMPLE_BUDGET_BYTES``; ``Tuning.sample_note`` says so
+    when that changed them (or the dims kept exceed it). ``sample``: representative feeds, measured
+    on instead of random ones; the cache key then holds their shapes (``batch`` and ``dims`` are not
+    used). ``any_shapes``: when the entry for these shapes is missing, the decisions last measured on
+    this model with the same key but other input shapes (live tuning on real feeds files them so).
+    ``budget_s``: measuring's time budget (default ``measure.BUDGET_S``). Never raises for a model
+    ORT could run (see the module docstring); bad pattern ids are the caller's to fix."""
     ids = validate_patterns(patterns)
     level, threads = _level_and_threads(sess_options)
     precision = registry.resolve_precision(config_entry(sess_options, PRECISION_OPTION) or None)
@@ -74,6 +78,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     why_not = ""
     named = {**dims_from_options(sess_options), **(dims or {})}
     batch = int(named.get("batch", batch))
+    planned = None
     if sample is not None:
         shapes = {name: [int(d) for d in np.shape(value)] for name, value in sample.items()}
     else:
@@ -81,30 +86,31 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
             declared = feeds.declared_inputs(model)
         except feeds.FeedError as exc:
             why_not = str(exc)
-        shapes = {name: feeds.concrete_shape(decl, batch, named) for name, _, decl in declared}
+        planned = feeds.sample_shapes(declared, batch, named)  # the feeds are made at these shapes
+        shapes = planned.shapes
+    note = planned.note if planned is not None else ""
     key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
     if not force and not why_not:
         embedded = _from_metadata(model, key)
         if embedded is not None:
-            return embedded
+            return _noted(embedded, note)
         cached = _read(path)
         if cached is not None:
-            return cached
+            return _noted(cached, note)
     if not force and any_shapes:
         cached = _read(_any_shapes_path(key))
         if cached is not None:
             return cached
     if not (tuning_enabled() if measure is None else measure):
-        return Tuning(key, measured=False)
+        return _noted(Tuning(key, measured=False), note)
     if why_not:
         return _failed(Tuning(key), why_not)
     start = time.perf_counter()
     budget = measuring.BUDGET_S if budget_s is None else budget_s
     ranked = ""
     try:  # the feeds only now: the key needs shapes only
-        feed = dict(sample) if sample is not None else feeds.random_feeds(declared, batch=batch, dims=named, seed=0,
-                                                                          model=model)
+        feed = dict(sample) if sample is not None else feeds.random_feeds(declared, seed=0, model=model, shapes=shapes)
         won, whole = measuring.whole_plan(model, ids, level, threads, feed, key, precision,
                                           budget_s=max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
         if won is not None:  # every match fused wins: kept as a whole, nothing to measure one by one
@@ -120,8 +126,9 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
                                        verdicts=verdicts)
             tuning.whole_plan = whole
     except Exception as exc:  # the model runs as stock ORT, and the report says why
-        return _failed(Tuning(key), one_sentence(exc))
+        return _noted(_failed(Tuning(key), one_sentence(exc)), note)
     tuning.ranked = ranked
+    tuning.sample_note = note
     tuning.seconds = round(time.perf_counter() - start, 2)
     if not tuning.cacheable:  # a failure may pass with other feeds, an unmeasured match may win: not final
         return tuning
@@ -165,6 +172,12 @@ def _enable_all():
     import onnxruntime as ort
 
     return ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def _noted(tuning: Tuning, note: str) -> Tuning:
+    """``tuning`` with the sentence on how its sample shapes were chosen (``feeds.sample_shapes``)."""
+    tuning.sample_note = note
+    return tuning
 
 
 def _failed(tuning: Tuning, reason: str) -> Tuning:
@@ -236,6 +249,9 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
         "cpu": isa.fingerprint(),
         "isa_override": os.environ.get(isa.ENV_VAR, ""),
         "versions": ranking.versions(),
+        # the sources the decisions were measured with (rules, kernels): an edited checkout matches
+        # and fuses otherwise, so its old decisions name other matches (as the plan cache keys)
+        "code": plan_cache.code_digest(),
         "ranking": ranking.digest(),
         "level": str(level),
         "threads": threads,
