@@ -60,17 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", action="store_true",
                    help="with --all: measure the auto decisions on this machine (as `ortfuse tune`) and write them "
                         "into the model, so sessions on this machine class need no measuring")
-    p.add_argument("--batch", type=int, default=1, help="with --tune: first dim of every input (default 1)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="with --tune: a named dynamic dim")
+    p.add_argument("--batch", type=int, default=None,
+                   help="with --tune: first dim of every input, kept as given (default 1)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="with --tune: a named dynamic dim, kept as given (dims not named: shrunk to fit the "
+                        "sample-input budget)")
     return p
 
 
-def _tuned(model: onnx.ModelProto, batch: int, dims: dict[str, int]) -> onnx.ModelProto:
-    """``model`` annotated for auto, with the decisions measured now written into its metadata."""
+def _tuned(model: onnx.ModelProto, batch: int | None, dims: dict[str, int]) -> onnx.ModelProto:
+    """``model`` annotated for auto, with the decisions measured now written into its metadata
+    (sample inputs within ``ortfuse.ir.feeds.SAMPLE_BUDGET_BYTES``; a ``batch`` given is kept)."""
     from ortfuse.tune import tuner as tune
 
-    tuning = tune.tune(model, None, batch=batch, dims=dims, force=True, measure=True, progress=True)
+    named = {**dims, "batch": dims.get("batch", batch)} if batch is not None else dims
+    tuning = tune.tune(model, None, dims=named, force=True, measure=True, progress=True)
     print(tune.table(tuning))
+    if tuning.sample_note:
+        print(f"note: {tuning.sample_note}")
     result = annotate(model, None)
     tune.embed(result, tuning)
     return result

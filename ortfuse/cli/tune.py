@@ -1,6 +1,6 @@
 """``ortfuse tune MODEL``: measure the ``fusion="auto"`` decisions ahead of time and cache them.
 
-    ortfuse tune model.onnx                      # batch 1, other dynamic dims 128
+    ortfuse tune model.onnx                      # batch 1, other dynamic dims 128 (within the sample budget)
     ortfuse tune resnet50 --batch 64 --threads 2
     ortfuse tune model.onnx --dim seq=384 --force --json
     ortfuse tune model.onnx --inputs data.npz       # measured on these arrays (by input name)
@@ -8,6 +8,9 @@
 Sessions created later with ``fusion="auto"`` and the same optimization level, threads and input
 shapes (``SessionOptions`` config entry ``ortfuse.tune_dims``, e.g. ``"batch=64"``) load the cached
 decisions instead of measuring.
+
+Sample inputs are made within ``ortfuse.ir.feeds.SAMPLE_BUDGET_BYTES``: the dims not given with
+``--batch`` / ``--dim`` shrink until they fit, and the command says which sizes it chose and why.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import json
 import sys
 
-from ortfuse.cli.verify import add_input_arguments, command_inputs
+from ortfuse.cli.verify import add_input_arguments
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="path of the .onnx model, or a zoo model name (ortfuse models list)")
-    p.add_argument("--batch", type=int, default=1, help="first dim of every input (default 1)")
-    add_input_arguments(p, "sample inputs measured on")
+    p.add_argument("--batch", type=int, default=None,
+                   help="first dim of every input, kept as given (default 1)")
+    add_input_arguments(p, "sample inputs measured on (dims not named: shrunk to fit the sample-input budget)")
     p.add_argument("--pattern", action="append", dest="patterns", metavar="ID", help="restrict to these pattern ids")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads of the sessions to tune for (default: ORT's)")
@@ -44,23 +48,28 @@ def run(args) -> int:
 
     try:
         dims = model_args.parse_dims(args.dim)
+        if args.batch is not None:  # a batch asked for is kept, as --dim values are
+            dims.setdefault("batch", args.batch)
         level = getattr(ort.GraphOptimizationLevel, args.level.upper(), None)
         if not isinstance(level, ort.GraphOptimizationLevel):
             raise model_args.ModelArgError(
                 f"unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, "
                 "ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL")
         model = model_args.load(models.resolve(args.model))
-        made = command_inputs(model, args, batch=args.batch)
+        # checked on stock ORT at the shapes the tuner makes its feeds at (feeds.sample_shapes)
+        made = feeds.command_feeds(model, args.inputs, dims, budget=feeds.SAMPLE_BUDGET_BYTES)
+        feeds.check_feeds(model, made.feeds, made.npz)
     except (model_args.ModelArgError, feeds.FeedError) as exc:
         print(f"ortfuse tune: {str(exc).rstrip('.')}.", file=sys.stderr)
         return 2
     for note in made.notes:
         print(f"note: {note}", file=sys.stderr)
+    sample = made.feeds if made.npz is not None else None
+    made.feeds = {}  # random ones are made again by the tuner: not held twice
     so = make_options(level, threads=args.threads)
     try:
-        tuning = tune.tune(model, args.patterns, so, batch=args.batch, dims=dims, force=args.force,
-                           measure=True, progress=not args.json,
-                           sample=made.feeds if made.npz is not None else None, budget_s=args.budget)
+        tuning = tune.tune(model, args.patterns, so, dims=dims, force=args.force, measure=True,
+                           progress=not args.json, sample=sample, budget_s=args.budget)
     except UnknownPatternError as exc:
         print(f"ortfuse tune: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +77,8 @@ def run(args) -> int:
         print(f"ortfuse tune: nothing was measured: {tuning.failure.rstrip('.')}.", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**tuning.to_dict(), "path": tuning.path, "from_cache": tuning.from_cache}, indent=1))
+        print(json.dumps({**tuning.to_dict(), "path": tuning.path, "from_cache": tuning.from_cache,
+                          "sample_note": tuning.sample_note}, indent=1))
         return 0
     print(tune.table(tuning))
     origin = "read from the cache" if tuning.from_cache else f"measured in {tuning.seconds:.1f} s"

@@ -3,7 +3,9 @@ sample data a model can take, or arrays a user gives in an ``.npz``; and the che
 runs the model on them, with one sentence saying how to fix it when it does not.
 
 Sample data (``random_feeds``). Shapes: a dim named in ``dims`` takes that value; otherwise the first
-dim is ``batch`` and any other dynamic dim ``DEFAULT_DIM``. Values, seeded:
+dim is ``batch`` and any other dynamic dim ``DEFAULT_DIM``. ``sample_shapes`` bounds them for the
+tuner and the tuning commands: the dims not given shrink, the batch first, until the inputs fit
+``SAMPLE_BUDGET_BYTES``, and it says which sizes it chose and why. Values, seeded:
 
 - floats: standard normal; bools: fair coins;
 - integers, given the model: an input whose values index a table is uniform in [0, rows), rows being
@@ -37,6 +39,14 @@ if TYPE_CHECKING:
     import onnx
 
 DEFAULT_DIM = 128
+SAMPLE_BUDGET_BYTES = 64 * 2**20
+"""Bytes of sample inputs (all inputs together) that ``sample_shapes`` lets the dims it chooses
+take: the tuner (``fusion="auto"``), ``ortfuse tune`` and ``ortfuse-annotate --tune`` make their
+sample data within it. Why 64 MiB: the default shapes of common models take far less (a float32
+image batch 1x3x1024x1024 is 12 MiB, 512 token ids 4 KiB), so it changes nothing for them, while a
+model with four dynamic dims at ``DEFAULT_DIM`` would take 128**4 floats = 1 GiB for one input (and
+ORT's activations on it a multiple of that) where stock ORT creates the session allocating nothing.
+A memory bound chosen, not a speed measured: dims the model fixes or the user gives are never shrunk."""
 INT_RANGE = (0, 8)
 MASK_RANGE = (0, 2)
 FIX = "pass real inputs with --inputs data.npz or set dynamic dims with --dim NAME=N"
@@ -93,18 +103,127 @@ def declared_inputs(model: onnx.ModelProto | str) -> list[Declared]:
     return out
 
 
+BATCH = ("batch",)  # the free dim every input's first dynamic dim is (``_entry``)
+
+
+def _entry(name: str, axis: int, dim, named: Mapping[str, int]) -> int | tuple:
+    """A declared dim as sample data takes it: its size when fixed or named in ``named``, else the
+    free dim it is: ``BATCH`` for a first dim, ``(dim_param,)`` (shared by the inputs naming it) or
+    ``(input, axis)`` when unnamed."""
+    if isinstance(dim, int):
+        return dim
+    if dim in named:
+        return int(named[dim])
+    if axis == 0:
+        return BATCH
+    return ("dim", dim) if dim else ("axis", name, axis)
+
+
+def _label(free: tuple) -> str:
+    return "batch" if free == BATCH else str(free[1]) if free[0] == "dim" else f"{free[1]}[{free[2]}]"
+
+
 def concrete_shape(dims: list, batch: int = 1, named: Mapping[str, int] | None = None) -> list[int]:
     """The shape a declared input is fed at (see the module docstring for dynamic dims)."""
-    named = named or {}
-    out = []
-    for i, d in enumerate(dims):
-        if isinstance(d, int):
-            out.append(d)
-        elif d in named:
-            out.append(int(named[d]))
+    entries = (_entry("", i, d, named or {}) for i, d in enumerate(dims))
+    return [e if isinstance(e, int) else batch if e == BATCH else DEFAULT_DIM for e in entries]
+
+
+@dataclass
+class SampleShapes:
+    """The shapes sample inputs are made at (``sample_shapes``), by input name; the size chosen for
+    each dynamic dim not given (by label: ``batch``, the dim's name, ``input[axis]`` when unnamed);
+    the inputs' total bytes; and one sentence when the budget changed the sizes or the dims the
+    model fixes or the user gave exceed it (else "")."""
+
+    shapes: dict[str, list[int]]
+    chosen: dict[str, int]
+    nbytes: int
+    note: str = ""
+
+
+def _itemsize(elem: int) -> int:
+    import onnx
+
+    try:
+        return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).itemsize)
+    except (KeyError, TypeError, ValueError):  # no numpy dtype: random_feeds refuses it with the reason
+        return 1
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
+
+
+def _largest(fits, low: int, high: int) -> int:
+    """The largest x in [low, high] with ``fits(x)`` (``fits`` true up to some x, false beyond), else low."""
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
         else:
-            out.append(batch if i == 0 else DEFAULT_DIM)
-    return out
+            high = mid - 1
+    return low
+
+
+def sample_shapes(declared: list[Declared], batch: int = 1, named: Mapping[str, int] | None = None,
+                  budget: int | None = SAMPLE_BUDGET_BYTES) -> SampleShapes:
+    """The shapes of sample inputs for ``declared`` within ``budget`` bytes in total (None: no cap).
+
+    Dims the model fixes and dims in ``named`` (``--dim``, ``ortfuse.tune_dims``; ``batch`` there
+    pins every first dynamic dim) are kept. The others start at ``batch`` (first dims) and
+    ``DEFAULT_DIM``; when the inputs would exceed ``budget``, the batch shrinks first (to the largest
+    size that fits, at least 1), then the other dynamic dims evenly: all capped at the largest common
+    size that fits. When even size 1 does not fit, the dims kept exceed the budget: the inputs are
+    made at them (the model cannot run on less) and the note says so."""
+    named = dict(named or {})
+    layout = {name: (_itemsize(elem), [_entry(name, i, d, named) for i, d in enumerate(dims)])
+              for name, elem, dims in declared}
+    params = {d for _, _, dims in declared for d in dims if isinstance(d, str)}
+    uses_batch = any(e == BATCH for _, entries in layout.values() for e in entries)
+    given = {k: int(v) for k, v in named.items() if k in params or (k == "batch" and uses_batch)}
+    if "batch" in named:
+        layout = {k: (item, [int(named["batch"]) if e == BATCH else e for e in entries])
+                  for k, (item, entries) in layout.items()}
+    free = list(dict.fromkeys(e for _, entries in layout.values() for e in entries if not isinstance(e, int)))
+    start = {f: int(batch) if f == BATCH else DEFAULT_DIM for f in free}
+
+    def shapes(sizes: Mapping[tuple, int]) -> dict[str, list[int]]:
+        return {k: [e if isinstance(e, int) else sizes[e] for e in entries] for k, (_, entries) in layout.items()}
+
+    def total(sizes: Mapping[tuple, int]) -> int:
+        return sum(int(np.prod(shape, dtype=np.int64)) * layout[k][0] for k, shape in shapes(sizes).items())
+
+    sizes = dict(start)
+    wanted = total(sizes)
+    if budget is None or wanted <= budget:
+        return SampleShapes(shapes(sizes), {_label(f): v for f, v in sizes.items()}, wanted)
+    if BATCH in sizes:
+        sizes[BATCH] = _largest(lambda b: total({**sizes, BATCH: b}) <= budget, 1, sizes[BATCH])
+    others = [f for f in free if f != BATCH]
+    if others and total(sizes) > budget:
+        def capped(cap: int) -> dict[tuple, int]:
+            return {**sizes, **{f: min(start[f], cap) for f in others}}
+
+        sizes = capped(_largest(lambda cap: total(capped(cap)) <= budget, 1, max(start[f] for f in others)))
+    made = total(sizes)
+    chosen = {_label(f): v for f, v in sizes.items()}
+    picked = ", ".join(f"{k}={v}" for k, v in chosen.items())
+    if made <= budget:
+        defaults = (f"batch {batch} and {DEFAULT_DIM} per other dynamic dim" if BATCH in start else
+                    f"{DEFAULT_DIM} per dynamic dim")
+        note = (f"sample inputs shrunk to fit the {_size(budget)} budget of sample inputs: {picked} (at the "
+                f"default sizes, {defaults}, they would take {_size(wanted)}; the batch shrinks first, then the "
+                "other dynamic dims evenly; set sizes with --dim NAME=N or the ortfuse.tune_dims entry)")
+    elif given:
+        note = (f"the dims you gave ({', '.join(f'{k}={v}' for k, v in given.items())}) make sample inputs of "
+                f"{_size(made)}, over the {_size(budget)} budget of sample inputs; they are kept as given"
+                + (f" and the other dynamic dims set to {picked}" if chosen else ""))
+    else:
+        note = (f"the dims the model fixes make sample inputs of {_size(made)}, over the {_size(budget)} budget of "
+                "sample inputs; they are made at those dims, the least the model runs on"
+                + (f", with its dynamic dims at {picked}" if chosen else ""))
+    return SampleShapes(shapes(sizes), chosen, made, note)
 
 
 # --------------------------------------------------------------------------- value ranges from the graph
@@ -235,16 +354,18 @@ def integer_ranges(model: onnx.ModelProto | str, declared: list[Declared] | None
 
 
 def random_feeds(declared: list[Declared], batch: int = 1, dims: Mapping[str, int] | None = None,
-                 seed: int = 0, model: onnx.ModelProto | str | None = None) -> dict[str, np.ndarray]:
-    """Seeded sample arrays for ``declared`` inputs; with ``model``, integer inputs are drawn in the
-    ranges ``integer_ranges`` reads from its graph, else in [0, 8) (see the module docstring)."""
+                 seed: int = 0, model: onnx.ModelProto | str | None = None,
+                 shapes: Mapping[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+    """Seeded sample arrays for ``declared`` inputs, at ``shapes`` (``sample_shapes``'s) when given,
+    else at ``concrete_shape``'s; with ``model``, integer inputs are drawn in the ranges
+    ``integer_ranges`` reads from its graph, else in [0, 8) (see the module docstring)."""
     import onnx
 
     ranges = integer_ranges(model, declared) if model is not None else {}
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, elem, decl in declared:
-        shape = concrete_shape(decl, batch, dims)
+        shape = list(shapes[name]) if shapes is not None else concrete_shape(decl, batch, dims)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
         if dtype.kind in "fc":
             drawn = rng.standard_normal(shape, dtype=dtype) if dtype in (np.float32, np.float64) \
@@ -310,9 +431,11 @@ class CommandFeeds:
 
 
 def command_feeds(model: onnx.ModelProto | str, npz: str | None = None, dims: Mapping[str, int] | None = None,
-                  batch: int = 1, seed: int = 0) -> CommandFeeds:
+                  batch: int = 1, seed: int = 0, budget: int | None = None) -> CommandFeeds:
     """Arrays from ``npz`` (``--inputs``), else sample data (``--dim`` values in ``dims``; ``batch``
-    unless ``dims`` names it) drawn by the model's rules; ``FeedError`` with one sentence otherwise."""
+    unless ``dims`` names it) drawn by the model's rules, the dims not given shrunk to ``budget``
+    bytes when one is given (``sample_shapes``, its sentence among the notes); ``FeedError`` with
+    one sentence otherwise."""
     model = _model(model)
     dims = dict(dims or {})
     declared = declared_inputs(model)
@@ -324,12 +447,20 @@ def command_feeds(model: onnx.ModelProto | str, npz: str | None = None, dims: Ma
     params = {d for _, _, decl in declared for d in decl if isinstance(d, str)}
     unknown = sorted(set(dims) - params - {"batch"})
     notes = [f"--dim {', '.join(unknown)}: no model input has a dim of that name"] if unknown else []
+    planned = sample_shapes(declared, dims.get("batch", batch), dims, budget) if budget is not None else None
     try:
-        feeds = random_feeds(declared, batch=dims.get("batch", batch), dims=dims, seed=seed, model=model)
+        feeds = random_feeds(declared, batch=dims.get("batch", batch), dims=dims, seed=seed, model=model,
+                             shapes=planned.shapes if planned is not None else None)
     except FeedError as exc:
         raise FeedError(f"{exc} (with --inputs data.npz)") from None
-    source = f"random, seed {seed}; dynamic dims: first {dims.get('batch', batch)}, others {DEFAULT_DIM}, " \
-             "unless set with --dim"
+    if planned is not None and planned.note:
+        notes.append(planned.note)
+        chosen = ", ".join(f"{k}={v}" for k, v in planned.chosen.items())
+        source = (f"random, seed {seed}; dynamic dims not set with --dim: {chosen}" if chosen else
+                  f"random, seed {seed}; every dim fixed or set with --dim")
+    else:
+        source = f"random, seed {seed}; dynamic dims: first {dims.get('batch', batch)}, others {DEFAULT_DIM}, " \
+                 "unless set with --dim"
     return CommandFeeds(feeds, None, source, notes)
 
 

@@ -73,6 +73,9 @@ class Tuning:
     budget_spent: bool = False
     ranked: str = ""  # what measuring the kernel ranking first found (tune.ranking), for the report
     whole_plan: dict | None = None  # every match fused, timed first when it did not win (measure.whole_plan)
+    # how the sample shapes were chosen when the budget of sample inputs mattered (ir.feeds.sample_shapes;
+    # set by the tuner on every call, not cached: the key's shapes are those it chose)
+    sample_note: str = ""
 
     @property
     def cacheable(self) -> bool:
@@ -146,6 +149,8 @@ class Tuning:
                                 "measured by class and alone")
         if self.ranked:
             report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
+        if self.sample_note:
+            report.notes.append(f"auto: {self.sample_note}")
         if self.failure:
             report.notes.append(f"auto: tuning failed, nothing kept: {self.failure}")
         if self.budget_spent:
