@@ -59,11 +59,19 @@ def _valid_fusion_value(fusion) -> bool:
     return fusion is None or fusion is True or fusion is False or fusion == "auto"
 
 
+_ORT_RUN = _ort.InferenceSession.run
+
+
 class InferenceSession(_ort.InferenceSession):
     """Drop-in for ``onnxruntime.InferenceSession`` that applies ortfuse's fusions.
 
     ``fusion_report`` (a :class:`~ortfuse.fusion.report.FusionReport`) says what was fused and why not.
     """
+
+    _ortfuse_reference_inputs = None  # set when the plan has reference (Python-op) kernels: guarded runs
+    _ortfuse_live = None  # fusion="auto": the session's LiveTuning (status, wait, tune_with)
+    _ortfuse_counting = None  # the LiveTuning while served runs must be counted, else None (ORT's run alone)
+    _ortfuse_swapped = False  # a live tuning swapped another C session in
 
     def __init__(
         self,
@@ -171,7 +179,9 @@ class InferenceSession(_ort.InferenceSession):
         return value
 
     def _validate_ortvalue_ownership(self, values):
-        super()._validate_ortvalue_ownership(accept_ortvalues(self, values))
+        if not self._ortfuse_swapped:  # every OrtValue was made for this C session: ORT's check as it is
+            return super()._validate_ortvalue_ownership(values)
+        return super()._validate_ortvalue_ownership(accept_ortvalues(self, values))
 
     # A reference (Python-op) kernel cannot fail a run by itself (an exception there aborts the
     # process, custom_ops/python_ops.py): during a run it stops ORT through the RunOptions, and the
@@ -180,30 +190,37 @@ class InferenceSession(_ort.InferenceSession):
     # Under live tuning every run is counted in flight (tuning pauses meanwhile; a replaced C session
     # is released only when none is) and the first feeds are recorded (ortfuse.runtime.live_tuning).
     def run(self, output_names, input_feed, run_options=None):
-        live = getattr(self, "_ortfuse_live", None)
+        live = self._ortfuse_counting
         if live is None:
+            if self._ortfuse_reference_inputs is None:  # the hot path: ORT's run and nothing else
+                return _ORT_RUN(self, output_names, input_feed, run_options)
             return self._ortfuse_run(output_names, input_feed, run_options)
         return live.counted(input_feed, self._ortfuse_run, output_names, input_feed, run_options)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
-        live = getattr(self, "_ortfuse_live", None)
+        live = self._ortfuse_counting
         if live is None:
             return self._ortfuse_run_with_ort_values(output_names, input_dict_ort_values, run_options)
         return live.counted(input_dict_ort_values, self._ortfuse_run_with_ort_values, output_names,
                             input_dict_ort_values, run_options)
 
     def run_with_iobinding(self, iobinding, run_options=None):
-        live = getattr(self, "_ortfuse_live", None)
+        live = self._ortfuse_live
         if live is None:
             return self._ortfuse_run_with_iobinding(iobinding, run_options)
         before = live.bound_elsewhere(self, iobinding)
+        counting = self._ortfuse_counting
         if before is not None:  # made before a swap: runs on the C session (plan) it was made on
-            return live.counted(None, before.run_with_iobinding, iobinding._iobinding, run_options)
-        return live.counted(None, self._ortfuse_run_with_iobinding, iobinding, run_options)
+            if counting is None:
+                return before.run_with_iobinding(iobinding._iobinding, run_options)
+            return counting.counted(None, before.run_with_iobinding, iobinding._iobinding, run_options)
+        if counting is None:
+            return self._ortfuse_run_with_iobinding(iobinding, run_options)
+        return counting.counted(None, self._ortfuse_run_with_iobinding, iobinding, run_options)
 
     def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
         """As ORT's; see ``_ortfuse_run_async`` for sessions with reference kernels."""
-        live = getattr(self, "_ortfuse_live", None)
+        live = self._ortfuse_counting
         if live is None:
             return self._ortfuse_run_async(output_names, input_feed, callback, user_data, run_options)
         return live.counted_async(input_feed, callback, lambda finish: self._ortfuse_run_async(

@@ -616,3 +616,33 @@ def test_a_swap_onnxruntime_refuses_leaves_the_session_on_its_plan(winning, monk
     monkeypatch.undo()  # ORT's own set_providers binds its new session with it
     session.set_providers(["CPUExecutionProvider"])  # rebuilt from the model path the session holds
     _check(session, stock, ffn_inputs(batch=3, seq=5, seed=11))
+
+
+# ----------------------------------------------------------------------------------- hot path
+
+
+def test_tuned_session_runs_as_ort_runs(winning):
+    """Served runs are counted while feeds are recorded and while a tuning runs; once it has ended
+    (swapped or not) and no replaced C session waits, a run is ORT's run alone: nothing of the live
+    tuning is called (the cost a session that keeps stock ORT would otherwise pay on every run)."""
+    model = ffn_matmul_add_relu()
+    stock = _stock(model)
+    session = ortfuse.InferenceSession(model, fusion="auto")
+    assert session._ortfuse_counting is session._ortfuse_live  # recording
+    for feeds in _feeds():
+        _check(session, stock, feeds)
+    assert session.wait_tuned(WAIT_S), session.fusion_status
+    _check(session, stock, ffn_inputs(seed=99))  # a served run after the swap releases the old C session
+    assert session._ortfuse_counting is None, session.fusion_status
+
+    def counted(*args, **kwargs):
+        raise AssertionError("a run went through the live tuning after it ended")
+
+    session._ortfuse_live.counted = counted  # shadows the method on this instance only
+    _check(session, stock, ffn_inputs(seed=100))
+    del session._ortfuse_live.counted
+    session.tune_with(_feeds(2))  # tuning again: runs are counted (and pause it) until it ends
+    assert session._ortfuse_counting is session._ortfuse_live or session.wait_tuned(0)
+    assert session.wait_tuned(WAIT_S), session.fusion_status
+    _check(session, stock, ffn_inputs(seed=101))
+    assert session._ortfuse_counting is None

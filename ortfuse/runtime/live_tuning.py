@@ -62,6 +62,8 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from onnxruntime import OrtValue
+
 from ortfuse.fusion.report import FusionReport
 from ortfuse.runtime.files import model_file
 from ortfuse.runtime.messages import one_sentence
@@ -151,8 +153,29 @@ class LiveTuning:
                 "swapping to the faster plan (session.wait_tuned() waits, session.fusion_status tells)")
         else:
             self._done.set()
+        # served runs go through ``counted`` only while this tuning records, runs or holds a replaced
+        # C session; otherwise the session's run is ORT's alone, so a session that keeps stock ORT pays
+        # nothing per run (tests/test_live_tuning.py::test_tuned_session_runs_as_ort_runs)
+        session._ortfuse_counting = self if self._recording else None
 
     # ------------------------------------------------------------------ served runs
+
+    def _attach(self) -> None:
+        """Served runs are counted (and recorded) from now on."""
+        session = self._session()
+        if session is not None:
+            session._ortfuse_counting = self
+
+    def _detach_if_idle(self) -> None:
+        """Served runs go straight to ORT again once nothing needs them counted: no recording, no
+        tuning, no replaced C session waiting for runs in flight. A run that read the counter just
+        before holds its C session through its own call, so none is released under it."""
+        session = self._session()
+        with self._lock:
+            if (session is not None and session._ortfuse_counting is self and not self._recording
+                    and not self._running and not self._retired and self._inflight == 0):
+                session._ortfuse_counting = None
+        del session
 
     def begin(self, feeds: Mapping | None = None) -> None:
         """A run starts (``feeds``: its inputs, recorded while recording)."""
@@ -182,6 +205,8 @@ class LiveTuning:
                 if release and self._retired:
                     retired, self._retired = self._retired, []
         del retired  # the replaced C sessions go here, outside the lock
+        if release and not self._running and not self._recording:
+            self._detach_if_idle()
 
     def counted(self, feeds: Mapping | None, call, *args):
         """``call(*args)`` as a run in flight (``feeds`` recorded while recording)."""
@@ -266,6 +291,7 @@ class LiveTuning:
             self._recording = False
             self._running = True
             self._done.clear()
+        self._attach()
         self._start()
 
     # ------------------------------------------------------------------ the tuning thread
@@ -323,6 +349,7 @@ class LiveTuning:
                 self._running = False
             self._done.set()
         self._release_when_idle()
+        self._detach_if_idle()
 
     def _mark(self, event: str) -> None:
         self.timeline.append((event, time.perf_counter()))
@@ -547,6 +574,7 @@ class LiveTuning:
             session._sess_options_initial = prepared.sess_options
             session._ortfuse_disabled_optimizers = prepared.disabled_optimizers
             self._retired.append(old)
+            session._ortfuse_swapped = True  # OrtValues made before now belong to another C session
             self._swapped_at = self._runs + 1
             prepared.report.notes.append(f"auto: swapped in from served run {self._swapped_at}")
             session.fusion_report = prepared.report
@@ -621,7 +649,7 @@ def _signal(process, name: str) -> None:
 def accept_ortvalues(session, values: Iterable[Any]) -> list:
     """The values ORT's ownership check should see: OrtValues made by ``session`` before a swap
     (tagged by ``create_ortvalue_from_shape_and_type``) are CPU memory any of its C sessions can read."""
-    return [v for v in values if getattr(v, "_ortfuse_owner", None) is not session]
+    return [v for v in values if not isinstance(v, OrtValue) or getattr(v, "_ortfuse_owner", None) is not session]
 
 
 @atexit.register
