@@ -4,9 +4,9 @@ ortfuse calls ORT's private Python APIs (``InferenceSession._bind_session``, ``_
 feature check ``swap_unsupported``) and its custom-op C ABI, registers native ops through
 onnxruntime-extensions' ``AddExternalCustomOp``, reads and writes onnx's IR, and builds kernels from
 numba's intrinsics. A floor below the version this run installed would accept releases nothing ever
-ran against, so for these the floor's major.minor must be the installed one: when CI
-(``.ci/run``, a fresh ``pip install -e '.[test]'``) starts installing a newer minor, this test fails
-until the floor in pyproject.toml follows it.
+ran against, so for these the floor's major.minor must be the installed one, and a ceiling at the
+next minor keeps a fresh ``pip install -e '.[test]'`` (``.ci/run``) on that minor when upstream
+releases another: moving to it is a change of pyproject.toml, tested like any other.
 """
 
 from __future__ import annotations
@@ -59,3 +59,13 @@ def test_the_floor_is_the_tested_version(name):
     assert (floor.major, floor.minor) == (tested.major, tested.minor), (
         f"ortfuse accepts {name}>={floor} but this run tests {tested}: set the floor in pyproject.toml to "
         f">={tested.major}.{tested.minor}, the version CI installs, and run {REINSTALL}")
+
+
+@pytest.mark.parametrize("name", COUPLED)
+def test_the_ceiling_is_the_next_minor(name):
+    req = _installed()[name]
+    floor = next(Version(s.version) for s in req.specifier if s.operator == ">=")
+    ceilings = [Version(s.version) for s in req.specifier if s.operator == "<"]
+    assert ceilings == [Version(f"{floor.major}.{floor.minor + 1}")], (
+        f"ortfuse requires {req}: {name} needs the ceiling <{floor.major}.{floor.minor + 1}, so that a fresh "
+        "install keeps the tested minor")
