@@ -1,8 +1,8 @@
 """Checks shared by the test_patterns_*.py modules, and the cases more than one of them uses.
 
 Every pattern of the catalogue has one positive case per form it claims to match and a negative case
-for every rejection reason beside it: test_patterns_conv.py (conv_bn_relu, conv_add_relu),
-test_patterns_gemm.py (gemm_relu_gelu), test_patterns_eltwise.py (add_relu, hardswish, silu,
+for every rejection reason beside it: test_patterns_conv.py (conv_act, conv_add_relu),
+test_patterns_gemm.py (gemm_act), test_patterns_eltwise.py (add_relu, hardswish, silu,
 eltwise_chain); what crosses patterns is in test_patterns_rewrite.py and test_patterns_edge_cases.py.
 
 Positive cases (``assert_fused``) assert: the report lists exactly the expected fused pattern(s) with
@@ -181,8 +181,8 @@ def reject_reasons(model, patterns=None) -> list[tuple[str, str]]:
 
 
 # =============================================================================================
-# cases more than one module uses: the Conv builder and one case each of conv_bn_relu,
-# conv_add_relu, gemm_relu_gelu and eltwise_chain
+# cases more than one module uses: the Conv builder and one case each of conv_act,
+# conv_add_relu, gemm_act and eltwise_chain
 # =============================================================================================
 def conv(b: GraphBuilder, x: str, cin: int, m: int, k=(3, 3), group: int = 1, bias: bool = True,
          as_node: bool = False, name: str = "conv", **attrs) -> str:
@@ -197,7 +197,7 @@ def conv_relu():
     b = GraphBuilder()
     c = conv(b, b.input("x", [1, 3, 7, 9]), 3, 5)
     b.output(b.op("Relu", [c], name="relu"))
-    return case(b, ("conv_bn_relu", ["conv", "relu"]), attrs=[{"activation": "relu", "group": 1}])
+    return case(b, ("conv_act", ["conv", "relu"]), attrs=[{"activation": "relu", "group": 1}])
 
 
 def conv_bn_relu():
@@ -205,7 +205,7 @@ def conv_bn_relu():
     c = conv(b, b.input("x", [1, 3, 9, 7]), 3, 6, pads=[1, 1, 1, 1])
     n = b.op("BatchNormalization", [c, *bn_params(b, 6)], name="bn", epsilon=1e-3)
     b.output(b.op("Relu", [n], name="relu"))
-    return case(b, ("conv_bn_relu", ["conv", "bn", "relu"]), attrs=[{"activation": "relu"}], scale_atol=True)
+    return case(b, ("conv_act", ["conv", "bn", "relu"]), attrs=[{"activation": "relu"}], scale_atol=True)
 
 
 def conv_add_relu_residual_input():
@@ -224,7 +224,7 @@ def matmul3d_add_relu():
     h = b.op("MatMul", [x, b.init(b.weight((7, 9)))], name="mm")
     a = b.op("Add", [b.init(b.weight(9)), h], name="bias")
     b.output(b.op("Relu", [a], name="relu"))
-    return case(b, ("gemm_relu_gelu", ["mm", "bias", "relu"]))
+    return case(b, ("gemm_act", ["mm", "bias", "relu"]))
 
 
 def chain_mul_add_relu_constants():

@@ -34,8 +34,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse.fusion.rules.gemm_relu_gelu import AMX_OP
-from ortfuse.kernels import isa, registry
+from ortfuse.foundation import isa
+from ortfuse.fusion.rules.gemm_act import AMX_OP
+from ortfuse.kernels import registry
 from ortfuse.runtime import plan_cache
 
 import amx_reference
@@ -168,15 +169,15 @@ def test_rewriter_emits_the_amx_op_only_under_the_opt_in(features):
     _needs_native()
     features(AMX_FEATURES)
     model, _, _ = _gemm_model(256, 257)
-    fused, report = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+    fused, report = ortfuse.fuse(model, ["gemm_act"], precision="bf16")
     assert [n.op_type for n in fused.graph.node] == [AMX_OP], report.matches
     assert report.matches[0].kernel == "native numba amx (bf16 products)"
     for precision in (None, "fp32"):
-        fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision=precision)
+        fused, _ = ortfuse.fuse(model, ["gemm_act"], precision=precision)
         assert AMX_OP not in {n.op_type for n in fused.graph.node}
     from ortfuse.fusion.provenance import is_rewritten, native_op_types
 
-    fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+    fused, _ = ortfuse.fuse(model, ["gemm_act"], precision="bf16")
     assert native_op_types(fused) == {AMX_OP} and is_rewritten(fused)
 
 
@@ -185,7 +186,7 @@ def test_small_weights_keep_the_float32_kernels(features):
     _needs_native()
     features(AMX_FEATURES)
     model, _, _ = _gemm_model(255, 256)
-    fused, report = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+    fused, report = ortfuse.fuse(model, ["gemm_act"], precision="bf16")
     assert AMX_OP not in {n.op_type for n in fused.graph.node} and report.applied
 
 def test_plan_cache_key_depends_on_the_opt_in():
@@ -305,13 +306,13 @@ def _fused_and_stock(model, op, features, threads=1):
     so.intra_op_num_threads = threads
     if op == AMX_OP:
         so.add_session_config_entry("ortfuse.precision", "bf16")
-        fused = ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_relu_gelu"])
+        fused = ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_act"])
         matches = fused.fusion_report.matches
     else:
         from ortfuse.custom_ops import registration
 
         features(AMX_FEATURES)
-        fused_model, report = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+        fused_model, report = ortfuse.fuse(model, ["gemm_act"], precision="bf16")
         matches = report.matches
         for node in fused_model.graph.node:
             if node.op_type == AMX_OP:
@@ -343,7 +344,7 @@ def test_session_rank3_zero_size_and_plain_session_without_opt_in(op, features):
         y, y_ort = fused.run(None, {"X": x})[0], stock.run(None, {"X": x})[0]
         _check_against_ort(y, y_ort, x, w, b)
     if op == AMX_OP:  # (a session on simulated features would pick kernels for them; see the rewriter tests)
-        plain = ortfuse.InferenceSession(model.SerializeToString(), fusion=True, fusion_patterns=["gemm_relu_gelu"])
+        plain = ortfuse.InferenceSession(model.SerializeToString(), fusion=True, fusion_patterns=["gemm_act"])
         assert all("amx" not in r.kernel for r in plain.fusion_report.matches)
 
 
@@ -393,7 +394,7 @@ def test_saved_fused_model_runs_in_a_fresh_process(tmp_path):
     import sys
 
     model, w, b = _gemm_model(257, 300, "relu")
-    fused, _ = ortfuse.fuse(model, ["gemm_relu_gelu"], precision="bf16")
+    fused, _ = ortfuse.fuse(model, ["gemm_act"], precision="bf16")
     assert [n.op_type for n in fused.graph.node] == [AMX_OP]
     path = tmp_path / "fused.onnx"
     onnx.save(fused, str(path))
@@ -415,4 +416,4 @@ def test_unknown_precision_option_fails_the_session():
     so = ort.SessionOptions()
     so.add_session_config_entry("ortfuse.precision", "int4")
     with pytest.raises(ValueError, match="unknown precision 'int4'"):
-        ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_relu_gelu"])
+        ortfuse.InferenceSession(model.SerializeToString(), so, fusion=True, fusion_patterns=["gemm_act"])

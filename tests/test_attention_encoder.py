@@ -99,7 +99,7 @@ def test_encoders_fuse_attention_gelu_and_residual_layernorms(encoders, name, tm
     model = encoders[name]
     fused, report = fuse(model)
     taken = collections.Counter(m.pattern_id for m in report.fused)
-    assert taken["attention"] == 6 and taken["gemm_relu_gelu"] == 6, taken
+    assert taken["attention"] == 6 and taken["gemm_act"] == 6, taken
     assert taken["skip_layernorm"] == 12 and taken["embed_layernorm"] == 1, taken
     rng = np.random.default_rng(5)
     mask = np.ones((2, 20), np.int64)

@@ -34,7 +34,7 @@ def _ffn(edit=None, annotate: bool = False) -> onnx.ModelProto:
     """The FFN fixture (MatMul+Add+Relu, MatMul+Add, Add+Relu), edited, optionally annotated."""
     model = ffn_matmul_add_relu()
     if annotate:
-        model = annotated(model, patterns="gemm_relu_gelu,add_relu")
+        model = annotated(model, patterns="gemm_act,add_relu")
     if edit is not None:
         edit(model)
     return model
@@ -267,7 +267,7 @@ def test_fusion_enabled_spelling(enabled, fuses):
 def test_stale_annotation_with_edited_weights_never_applies_the_old_rewrite():
     """Annotate, load (which caches the plan), then change a weight without re-annotating: the digest
     no longer matches, ortfuse warns, matches the graph again, and computes with the *new* weights."""
-    model = annotated(ffn_matmul_add_relu(), patterns="gemm_relu_gelu,add_relu")
+    model = annotated(ffn_matmul_add_relu(), patterns="gemm_act,add_relu")
     metadata.write_props(model, {metadata.GRAPH_DIGEST: metadata.graph_digest(model)})
     first = ortfuse.InferenceSession(model)
     assert first.fusion_report.applied

@@ -95,7 +95,7 @@ def _session_zoo():
     two = _two_native_ops_model()
     feeds2 = {"x": np.linspace(-4, 4, 24, dtype=np.float32).reshape(3, 8), "y": np.ones((3, 8), np.float32)}
     saved = ortfuse.fuse(onnx.load_from_string(two), ["eltwise_chain"], kernels="reference")[0].SerializeToString()
-    zoo = [("ffn_all", ffn, None, ffn_inputs()), ("ffn_gemm", ffn, ["gemm_relu_gelu"], ffn_inputs(seed=2)),
+    zoo = [("ffn_all", ffn, None, ffn_inputs()), ("ffn_gemm", ffn, ["gemm_act"], ffn_inputs(seed=2)),
            ("ffn_add_relu", ffn, ["add_relu"], ffn_inputs(batch=1, seq=9)),
            ("two_all", two, None, feeds2), ("two_hardswish", two, ["hardswish"], feeds2),
            ("two_chain", two, ["eltwise_chain"], feeds2)]

@@ -94,7 +94,7 @@ def test_background_serves_stock_then_swaps_to_the_fused_plan(winning):
         during += 1
     assert session.wait_tuned(WAIT_S), session.fusion_status
     assert session._sess is not first
-    assert _fused(session) == ["add_relu", "gemm_relu_gelu"], session.fusion_report.table()
+    assert _fused(session) == ["add_relu", "gemm_act"], session.fusion_report.table()
     assert session.fusion_status.startswith("fused since run ") and "2 of 2 matches kept" in session.fusion_status
     assert any("tuned on 8 served feeds" in n for n in session.fusion_report.notes)
     events = [event for event, _ in session._ortfuse_live.timeline if not event.startswith("child ")]
@@ -254,7 +254,7 @@ def test_sync_mode_tunes_at_creation_and_the_option_wins_over_the_environment(wi
     so.add_session_config_entry(TUNE_KEY, "sync")
     monkeypatch.setenv(tuner.ENV, "off")
     session = ortfuse.InferenceSession(model, so, fusion="auto")
-    assert session.wait_tuned(0) and _fused(session) == ["add_relu", "gemm_relu_gelu"]
+    assert session.wait_tuned(0) and _fused(session) == ["add_relu", "gemm_act"]
     assert session.fusion_status == "fused: 2 of 2 matches kept"
     _check(session, _stock(model), ffn_inputs())
 
@@ -287,7 +287,7 @@ def test_tune_with_hands_representative_inputs(winning, monkeypatch):
     session = ortfuse.InferenceSession(model, fusion="auto")
     assert session.wait_tuned(0) and not session.fusion_report.applied
     session.tune_with(_feeds(2, seq=9))
-    assert session.wait_tuned(WAIT_S) and _fused(session) == ["add_relu", "gemm_relu_gelu"], session.fusion_status
+    assert session.wait_tuned(WAIT_S) and _fused(session) == ["add_relu", "gemm_act"], session.fusion_status
     assert tuner.tune(model, measure=False, sample=ffn_inputs(batch=2, seq=9)).from_cache  # keyed by their shapes
     _check(session, _stock(model), ffn_inputs(seq=9))
     with pytest.raises(ValueError, match="fusion='auto'"):
@@ -535,7 +535,7 @@ def test_background_creation_leaves_finding_the_matches_to_the_tuning_thread(win
     assert session.fusion_status == f"serving stock ORT, recording feeds (0/{live_tuning.SAMPLE_RUNS})"
     for feeds in _feeds():
         session.run(None, feeds)
-    assert session.wait_tuned(WAIT_S) and _fused(session) == ["add_relu", "gemm_relu_gelu"], session.fusion_status
+    assert session.wait_tuned(WAIT_S) and _fused(session) == ["add_relu", "gemm_act"], session.fusion_status
     assert callers and not any(callers), "the matches were not looked for on the tuning thread"
 
 

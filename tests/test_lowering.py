@@ -130,7 +130,7 @@ def test_conv_rule_matches_stock(form, epilogue, opset, ops, geometry):
     else:
         extra = []
     b.output(t)
-    fused, report = check_lowered(b.build(), b.feeds(), "conv_bn_relu", form, ops)
+    fused, report = check_lowered(b.build(), b.feeds(), "conv_act", form, ops)
     assert sorted(report.fused[0].nodes) == sorted(names + extra)
     conv = next(n for n in fused.graph.node if n.op_type in ("Conv", "FusedConv"))
     want = GEOMETRIES[geometry][3]
@@ -143,7 +143,7 @@ def test_fusedconv_carries_the_activation_parameters():
     b, t, _ = conv_graph("pads_batch2", 17)
     t, _ = CONV_EPILOGUES["clip_asym"][0](b, t, "e_")
     b.output(t)
-    fused, _ = check_lowered(b.build(), b.feeds(), "conv_bn_relu", "fusedconv", [f"{MS}:FusedConv"])
+    fused, _ = check_lowered(b.build(), b.feeds(), "conv_act", "fusedconv", [f"{MS}:FusedConv"])
     a = node_attrs(next(n for n in fused.graph.node if n.op_type == "FusedConv"))
     assert a["activation"] == "Clip" and a["activation_params"] == pytest.approx([-0.75, 1.25])
 
@@ -154,9 +154,9 @@ def test_fusedconv_takes_only_hardswishs_own_slope():
     b, t, _ = conv_graph("pads_batch2", 17)
     t, _ = _hardswish_hsig(b, t, "e_")
     b.output(t)
-    fused, report = fuse(b.build(), ["conv_bn_relu"], kernels="lowered:fusedconv")
+    fused, report = fuse(b.build(), ["conv_act"], kernels="lowered:fusedconv")
     assert not report.fused and "differs from HardSwish's" in report.table()
-    fused, report = fuse(b.build(), ["conv_bn_relu"])
+    fused, report = fuse(b.build(), ["conv_act"])
     assert len(report.fused) == 1 and "FusedConv" not in report.fused[0].kernel, report.table()
     assert_outputs_close(run_ortfuse(fused, b.feeds())[0], run_stock(b.build(), b.feeds()), RTOL, ATOL, scale_atol=True)
 
@@ -239,7 +239,7 @@ def test_gemm_rule_matches_stock(form, epilogue, core, ops):
     b, t, names = gemm_graph(core, opset)
     out, extra = builder(b, t, "e_", as_node=core == "matmul3d")
     b.output(out)
-    _, report = check_lowered(b.build(), b.feeds(), "gemm_relu_gelu", form, ops)
+    _, report = check_lowered(b.build(), b.feeds(), "gemm_act", form, ops)
     assert sorted(report.fused[0].nodes) == sorted(names + extra)
 
 
@@ -349,16 +349,16 @@ def test_report_labels_names_and_provenance_of_lowered_groups():
     model, feeds = mixed_model()
     fused, report = fuse(model)
     kernels = {m.pattern_id: m.kernel for m in report.fused}
-    assert kernels == {"conv_bn_relu": f"lowered to ORT: Conv + {DOMAIN}:FusedHardSwish",
+    assert kernels == {"conv_act": f"lowered to ORT: Conv + {DOMAIN}:FusedHardSwish",
                        "add_relu": f"native numba {registry.native_isa()}",
-                       "gemm_relu_gelu": f"lowered to ORT: {MS}:FusedGemm"}
+                       "gemm_act": f"lowered to ORT: {MS}:FusedGemm"}
     groups = fused_groups(fused)
     for record in report.fused:
         check_group(record, groups[(record.pattern_id, tuple(record.nodes))])
-    conv_group = groups[next((m.pattern_id, tuple(m.nodes)) for m in report.fused if m.pattern_id == "conv_bn_relu")]
+    conv_group = groups[next((m.pattern_id, tuple(m.nodes)) for m in report.fused if m.pattern_id == "conv_act")]
     assert [n.op_type for n in conv_group] == ["Conv", "FusedHardSwish"]
     assert conv_group[0].name == conv_group[1].name + "/0"
-    assert node_attrs(conv_group[1])["pattern_id"] == "conv_bn_relu"
+    assert node_attrs(conv_group[1])["pattern_id"] == "conv_act"
     assert native_op_types(fused) == {"FusedHardSwish", "FusedAddRelu"}
     assert "lowered to ORT: Conv + ai.onnx.contrib:FusedHardSwish" in report.table()
     assert_outputs_close(run_ortfuse(fused, feeds)[0], run_stock(model, feeds), RTOL, ATOL, scale_atol=True)
@@ -401,7 +401,7 @@ def test_a_graph_lowered_to_ort_ops_only_runs_on_stock_ort_and_is_still_recognis
     sess = ortfuse.InferenceSession(str(path), fusion=True)
     (record,) = sess.fusion_report.fused
     assert (record.pattern_id, record.kernel, record.fused_node) == (
-        "conv_bn_relu", "lowered to ORT: Conv + Sigmoid + Mul", report.fused[0].fused_node)
+        "conv_act", "lowered to ORT: Conv + Sigmoid + Mul", report.fused[0].fused_node)
     assert record.nodes == report.fused[0].nodes
 
 
@@ -411,13 +411,13 @@ def test_keep_rule_sees_the_lowered_label():
 
     def keep(record):
         seen[record.pattern_id] = record.kernel
-        return "" if record.pattern_id == "gemm_relu_gelu" else "test: GEMM only"
+        return "" if record.pattern_id == "gemm_act" else "test: GEMM only"
 
     fused, report = fuse(model, keep=keep)
-    assert seen["conv_bn_relu"] == f"lowered to ORT: Conv + {DOMAIN}:FusedHardSwish"
-    assert seen["gemm_relu_gelu"] == f"lowered to ORT: {MS}:FusedGemm"
-    assert [m.pattern_id for m in report.fused] == ["gemm_relu_gelu"]
-    assert {m.pattern_id for m in report.matches if m.decision == DISABLED} == {"conv_bn_relu", "add_relu"}
+    assert seen["conv_act"] == f"lowered to ORT: Conv + {DOMAIN}:FusedHardSwish"
+    assert seen["gemm_act"] == f"lowered to ORT: {MS}:FusedGemm"
+    assert [m.pattern_id for m in report.fused] == ["gemm_act"]
+    assert {m.pattern_id for m in report.matches if m.decision == DISABLED} == {"conv_act", "add_relu"}
     assert {n.op_type for n in fused.graph.node} >= {"Conv", "BatchNormalization", "HardSigmoid", "FusedGemm"}
 
 

@@ -46,7 +46,7 @@ def _reference(source, feeds, so=None):
 
 
 @pytest.mark.parametrize(("name", "patterns", "shapes"), [
-    ("bert_encoder", ["gemm_relu_gelu", "add_relu"], [(1, 8), (3, 5)]),
+    ("bert_encoder", ["gemm_act", "add_relu"], [(1, 8), (3, 5)]),
     ("mlp_gemm_relu_gelu", None, [(1, None), (7, None), (64, None)]),
 ])
 def test_zoo_model_with_dynamic_batch_and_sequence(name, patterns, shapes):
@@ -115,7 +115,7 @@ def test_external_initializers_from_session_options_every_fusion_value(fusion):
     """Initializers supplied through SessionOptions: never an error where ORT runs, same numbers
     (extends the fusion=True case of test_session_api_parity.py to the annotated and auto paths)."""
     model, name, weights = external_weight_not_on_disk()
-    model = annotated(model, patterns="gemm_relu_gelu")
+    model = annotated(model, patterns="gemm_act")
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
 
     def options():
@@ -276,7 +276,7 @@ def test_every_opset_from_7_to_the_newest(opset):
         assert opset > 20, f"stock ORT refused opset {opset}: {refused}"  # only opsets newer than ORT knows
         return
     fused = ortfuse.InferenceSession(data, fusion=True)
-    assert {"add_relu", "hardswish", "silu", "gemm_relu_gelu"} <= set(fused.fusion_report.counts()), \
+    assert {"add_relu", "hardswish", "silu", "gemm_act"} <= set(fused.fusion_report.counts()), \
         fused.fusion_report.table()
     assert_outputs_close(fused.run(None, feeds), expected, RTOL, ATOL, scale_atol=True)
 

@@ -384,7 +384,7 @@ def test_fuzz_fusion_true_session_matches_stock(conv_graph, gemm_graph):
         assert_outputs_close(got, ref, RTOL, ATOL, scale_atol=True)
 
 
-GRAMMAR_PATTERNS = ("conv_add_relu", "conv_bn_relu", "gemm_relu_gelu", "add_relu", "hardswish", "silu", "eltwise_chain")
+GRAMMAR_PATTERNS = ("conv_add_relu", "conv_act", "gemm_act", "add_relu", "hardswish", "silu", "eltwise_chain")
 """The patterns ``core_graphs`` writes shapes for. A new rule is run by tests/test_rules.py on its own
 examples; it joins this list when the grammar learns its shapes."""
 

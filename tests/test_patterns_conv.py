@@ -1,4 +1,4 @@
-"""conv_bn_relu and conv_add_relu: one positive case per form each claims to match, a negative case
+"""conv_act and conv_add_relu: one positive case per form each claims to match, a negative case
 for every rejection reason, and the regression tests of bugs found in them (``test_bug_*``). What
 the checks assert: tests/pattern_checks.py.
 """
@@ -39,20 +39,20 @@ from pattern_graphs import (
 
 
 # =============================================================================================
-# conv_bn_relu: Conv [-> Add(bias)] [-> BatchNormalization] [-> epilogue] -> FusedConvAct
+# conv_act: Conv [-> Add(bias)] [-> BatchNormalization] [-> epilogue] -> FusedConvAct
 # =============================================================================================
 def conv_nobias_relu_batch2():
     b = GraphBuilder()
     c = conv(b, b.input("x", [2, 3, 5, 7]), 3, 4, bias=False, pads=[1, 1, 1, 1])
     b.output(b.op("Relu", [c], name="relu"))
-    return case(b, ("conv_bn_relu", ["conv", "relu"]), attrs=[{"pads": "1,1,1,1"}])
+    return case(b, ("conv_act", ["conv", "relu"]), attrs=[{"pads": "1,1,1,1"}])
 
 
 def conv_bn_no_epilogue():
     b = GraphBuilder()
     c = conv(b, b.input("x", [1, 3, 9, 7]), 3, 6, bias=False)
     b.output(b.op("BatchNormalization", [c, *bn_params(b, 6)], name="bn"))
-    return case(b, ("conv_bn_relu", ["conv", "bn"]), attrs=[{"activation": ""}], scale_atol=True)
+    return case(b, ("conv_act", ["conv", "bn"]), attrs=[{"activation": ""}], scale_atol=True)
 
 
 def conv_const_nodes_bias_reshape_add_bn_relu():
@@ -64,7 +64,7 @@ def conv_const_nodes_bias_reshape_add_bn_relu():
     a = b.op("Add", [c, bias], name="bias_add")
     n = b.op("BatchNormalization", [a, *bn_params(b, 5, as_node=True)], name="bn")
     b.output(b.op("Relu", [n], name="relu"))
-    return case(b, ("conv_bn_relu", ["conv", "bias_add", "bn", "relu"]), scale_atol=True)
+    return case(b, ("conv_act", ["conv", "bias_add", "bn", "relu"]), scale_atol=True)
 
 
 def conv_bias_add_left_3d_const():
@@ -73,7 +73,7 @@ def conv_bias_add_left_3d_const():
     c = conv(b, b.input("x", [1, 2, 6, 5]), 2, 3, bias=False)
     a = b.op("Add", [b.init(b.weight((3, 1, 1))), c], name="bias_add")
     b.output(b.op("Relu", [a], name="relu"))
-    return case(b, ("conv_bn_relu", ["conv", "bias_add", "relu"]))
+    return case(b, ("conv_act", ["conv", "bias_add", "relu"]))
 
 
 def conv_bn_relu_outputs_kept_as_graph_output_of_last_node():
@@ -82,14 +82,14 @@ def conv_bn_relu_outputs_kept_as_graph_output_of_last_node():
     c = conv(b, b.input("x", [1, 3, 5, 5]), 3, 2)
     r = b.op("Relu", [c], name="relu", out="y")
     b.output(b.op("Neg", [r], name="after"), r)
-    return case(b, ("conv_bn_relu", ["conv", "relu"]))
+    return case(b, ("conv_act", ["conv", "relu"]))
 
 
 @pytest.mark.parametrize("build", [
     conv_relu, conv_nobias_relu_batch2, conv_bn_relu, conv_bn_no_epilogue, conv_const_nodes_bias_reshape_add_bn_relu,
     conv_bias_add_left_3d_const, conv_bn_relu_outputs_kept_as_graph_output_of_last_node,
 ], ids=lambda f: f.__name__)
-def test_conv_bn_relu_forms(build):
+def test_conv_act_forms(build):
     assert_fused(build())
 
 
@@ -112,7 +112,7 @@ def test_conv_epilogue(epilogue, opset, with_bn):
         nodes.append("bn")
     out, names = builder(b, t, "e_", as_node=opset >= 13)
     b.output(out)
-    c = case(b, ("conv_bn_relu", nodes + names), attrs=[{"activation": kind, "alpha": alpha, "beta": beta}],
+    c = case(b, ("conv_act", nodes + names), attrs=[{"activation": kind, "alpha": alpha, "beta": beta}],
              scale_atol=True)
     assert_fused(c)
 
@@ -142,7 +142,7 @@ def test_conv_geometry(geometry):
     c = conv(b, b.input("x", [2, cin, 11, 9]), cin, m, **g)
     n = b.op("BatchNormalization", [c, *bn_params(b, m)], name="bn")
     b.output(b.op("Relu", [n], name="relu"))
-    c = case(b, ("conv_bn_relu", ["conv", "bn", "relu"]), scale_atol=True)
+    c = case(b, ("conv_act", ["conv", "bn", "relu"]), scale_atol=True)
     fused, _ = assert_fused(c)
     (a,) = spec_attrs(c).values()
     assert a["group"] == GEOMETRIES[geometry].get("group", 1)
@@ -174,7 +174,7 @@ def test_conv_clip_min_only():
     b = GraphBuilder(opset=13)
     c = conv(b, b.input("x", [1, 3, 5, 7]), 3, 4)
     b.output(b.op("Clip", [c, b.init(np.float32(-0.2))], name="clip"))
-    assert_fused(case(b, ("conv_bn_relu", ["conv", "clip"]), attrs=[{"activation": "clip", "alpha": -0.2}]))
+    assert_fused(case(b, ("conv_act", ["conv", "clip"]), attrs=[{"activation": "clip", "alpha": -0.2}]))
 
 
 def test_conv_bn_then_relu_when_bn_output_is_graph_output_fuses_conv_bn_only():
@@ -184,11 +184,11 @@ def test_conv_bn_then_relu_when_bn_output_is_graph_output_fuses_conv_bn_only():
     c = conv(b, b.input("x", [1, 3, 5, 7]), 3, 4)
     n = b.op("BatchNormalization", [c, *bn_params(b, 4)], name="bn")
     b.output(b.op("Relu", [n], name="relu"), n)
-    fused, _ = assert_fused(case(b, ("conv_bn_relu", ["conv", "bn"]), scale_atol=True))
+    fused, _ = assert_fused(case(b, ("conv_act", ["conv", "bn"]), scale_atol=True))
     assert [n.name for n in fused.graph.node if not n.doc_string.startswith("ortfuse ")] == ["relu"]
 
 
-# --- conv_bn_relu: rejections --------------------------------------------------------------------
+# --- conv_act: rejections --------------------------------------------------------------------
 def _conv_relu_with(weight_input=False, rank=2, auto_pad=None, dtype=np.float32, opset=17):
     b = GraphBuilder(dtype=dtype, opset=opset)
     x = b.input("x", [1, 3] + [7, 6, 5][:rank])
@@ -201,7 +201,7 @@ def _conv_relu_with(weight_input=False, rank=2, auto_pad=None, dtype=np.float32,
 
 
 def test_conv_weight_not_constant_is_rejected():
-    assert_rejected(_conv_relu_with(weight_input=True), "conv_bn_relu", "Conv weight 'W' is not a constant",
+    assert_rejected(_conv_relu_with(weight_input=True), "conv_act", "Conv weight 'W' is not a constant",
                     nodes=["conv"], others_fused=[])
 
 
@@ -214,7 +214,7 @@ def test_conv_weight_overridable_initializer_is_rejected():
     b.output(b.op("Relu", [b.op("Conv", [x, w], name="conv")], name="relu"))
     model = b.build()
     c = Case(model, {"x": b.feeds()["x"]}, [])
-    assert_rejected(c, "conv_bn_relu", "Conv weight 'W' is not a constant")
+    assert_rejected(c, "conv_act", "Conv weight 'W' is not a constant")
     w2 = np.ones((2, 3, 3, 3), np.float32)  # the overriding feed is honoured
     ref = run_stock(model, {**c.feeds, "W": w2})
     got, _ = run_ortfuse(model, {**c.feeds, "W": w2}, fusion=True)
@@ -222,25 +222,25 @@ def test_conv_weight_overridable_initializer_is_rejected():
 
 
 def test_conv_1d_is_rejected():
-    assert_rejected(_conv_relu_with(rank=1), "conv_bn_relu", "only 2-D convolutions are fused (weight rank 3)",
+    assert_rejected(_conv_relu_with(rank=1), "conv_act", "only 2-D convolutions are fused (weight rank 3)",
                     others_fused=[])
 
 
 def test_conv_3d_is_rejected():
-    assert_rejected(_conv_relu_with(rank=3), "conv_bn_relu", "only 2-D convolutions are fused (weight rank 5)",
+    assert_rejected(_conv_relu_with(rank=3), "conv_act", "only 2-D convolutions are fused (weight rank 5)",
                     others_fused=[])
 
 
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
 def test_conv_auto_pad_same_is_rejected(auto_pad):
-    assert_rejected(_conv_relu_with(auto_pad=auto_pad), "conv_bn_relu", f"Conv auto_pad={auto_pad} is not supported",
+    assert_rejected(_conv_relu_with(auto_pad=auto_pad), "conv_act", f"Conv auto_pad={auto_pad} is not supported",
                     others_fused=[])
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64], ids=["float16", "float64"])
 def test_conv_non_float32_is_rejected(dtype):
     name = np.dtype(dtype).name
-    assert_rejected(_conv_relu_with(dtype=dtype), "conv_bn_relu", f"no kernel for dtype {name}", others_fused=[])
+    assert_rejected(_conv_relu_with(dtype=dtype), "conv_act", f"no kernel for dtype {name}", others_fused=[])
 
 
 def test_conv_bias_not_constant_is_rejected():
@@ -248,7 +248,7 @@ def test_conv_bias_not_constant_is_rejected():
     x, bias = b.input("x", [1, 3, 5, 5]), b.input("B", [4])
     c = b.op("Conv", [x, b.init(b.weight((4, 3, 3, 3))), bias], name="conv")
     b.output(b.op("Relu", [c], name="relu"))
-    assert_rejected(case(b), "conv_bn_relu", "Conv bias 'B' is not a constant", others_fused=[])
+    assert_rejected(case(b), "conv_act", "Conv bias 'B' is not a constant", others_fused=[])
 
 
 def test_conv_bn_training_mode_is_not_folded():
@@ -338,8 +338,8 @@ CONV_PROBLEMS = {  # problem: (dtype, conv rank, weight is a graph input, auto_p
 
 
 @pytest.mark.parametrize("problem", list(CONV_PROBLEMS))
-def test_conv_add_relu_conv_problems_are_reported_by_conv_bn_relu(problem):
-    """conv_add_relu leaves the Conv's own problems to conv_bn_relu, which reports them; the
+def test_conv_add_relu_conv_problems_are_reported_by_conv_act(problem):
+    """conv_add_relu leaves the Conv's own problems to conv_act, which reports them; the
     Add+Relu of two run-time tensors is then add_relu's (in float16 only with the native float16 kernel)."""
     dtype, rank, weight_input, auto_pad, res_shape, reason = CONV_PROBLEMS[problem]
     b = GraphBuilder(dtype=dtype)
@@ -348,7 +348,7 @@ def test_conv_add_relu_conv_problems_are_reported_by_conv_bn_relu(problem):
     w = b.input("W", [4, 3, *k]) if weight_input else b.init(b.weight((4, 3, *k)))
     c = b.op("Conv", [x, w], name="conv", **({"auto_pad": auto_pad} if auto_pad else {}))
     b.output(b.op("Relu", [b.op("Add", [c, r], name="add")], name="relu"))
-    assert_rejected(case(b), "conv_bn_relu", reason, nodes=["conv"],
+    assert_rejected(case(b), "conv_act", reason, nodes=["conv"],
                     others_fused=["add_relu"] if dtype == np.float32 or registry._native_ops() else [])
 
 
@@ -402,5 +402,5 @@ def test_conv_weights_stored_float16_with_cast_and_unsqueezed_bias():
     bias = b.op("Unsqueeze", [b.init(b.weight(4)), b.init(np.array([1, 2], np.int64))], name="unsq")
     a = b.op("Add", [cv, bias], name="bias_add")
     b.output(b.op("Relu", [a], name="relu"))
-    fused, _ = assert_fused(case(b, ("conv_bn_relu", ["conv", "bias_add", "relu"])))
+    fused, _ = assert_fused(case(b, ("conv_act", ["conv", "bias_add", "relu"])))
     assert not [n for n in fused.graph.node if n.op_type in ("Cast", "Unsqueeze")], "dead constant nodes left"

@@ -47,13 +47,13 @@ def _intermediate_case(kind: str, use: str):
         c = conv(b, b.input("x", [1, 3, 5, 7]), 3, 4)
         b.output(b.op("Relu", [c], name="relu"))
         expose(c)
-        return case(b), "conv_bn_relu", c, ["conv", "relu"]
+        return case(b), "conv_act", c, ["conv", "relu"]
     if kind == "conv_silu":
         c = conv(b, b.input("x", [1, 3, 5, 7]), 3, 4)
         out, names = CONV_EPILOGUES["silu"][0](b, c, "")
         b.output(out)
         expose("sig_out")
-        return case(b), "conv_bn_relu", "sig_out", ["conv"] + names
+        return case(b), "conv_act", "sig_out", ["conv"] + names
     if kind == "conv_add_relu":
         c = conv(b, b.input("x", [1, 3, 5, 7]), 3, 4, pads=[1, 1, 1, 1])
         a = b.op("Add", [c, b.input("res", [1, 4, 5, 7])], name="add")
@@ -64,20 +64,20 @@ def _intermediate_case(kind: str, use: str):
         g = b.op("Gemm", [b.input("x", [3, 5]), b.init(b.weight((5, 4))), b.init(b.weight(4))], name="gemm")
         b.output(b.op("Relu", [g], name="relu"))
         expose(g)
-        return case(b), "gemm_relu_gelu", g, ["gemm", "relu"]
+        return case(b), "gemm_act", g, ["gemm", "relu"]
     if kind == "matmul_add_relu":
         h = b.op("MatMul", [b.input("x", [2, 3, 5]), b.init(b.weight((5, 4)))], name="mm")
         a = b.op("Add", [h, b.init(b.weight(4))], name="bias")
         b.output(b.op("Relu", [a], name="relu"))
         expose(a)
-        return case(b), "gemm_relu_gelu", a, ["mm", "bias", "relu"]
+        return case(b), "gemm_act", a, ["mm", "bias", "relu"]
     if kind in ("gemm_gelu_erf_input", "gemm_gelu_erf_inner"):
         g = b.op("Gemm", [b.input("x", [3, 5]), b.init(b.weight((5, 4))), b.init(b.weight(4))], name="gemm")
         out, names = epi_gelu_erf_torch(b, g, "")
         b.output(out)
         t = g if kind == "gemm_gelu_erf_input" else "g_erf_out"
         expose(t)
-        return case(b), "gemm_relu_gelu", t, ["gemm"] + names
+        return case(b), "gemm_act", t, ["gemm"] + names
     if kind == "add_relu":
         a = b.op("Add", [b.input("a", [3, 5]), b.input("b", [3, 5])], name="add")
         b.output(b.op("Relu", [a], name="relu"))
@@ -141,7 +141,7 @@ SYMBOLIC = {
     "conv_add_relu": lambda b: b.op("Relu", [b.op(
         "Add", [conv(b, b.input("x", ["N", 3, "H", "W"], feed_shape=[2, 3, 6, 5]), 3, 2),
                 b.input("r", ["N", 2, "H2", "W2"], feed_shape=[2, 2, 4, 3])], name="add")], name="relu"),
-    "gemm_relu_gelu": lambda b: epi_gelu_erf_torch(b, b.op("Add", [
+    "gemm_act": lambda b: epi_gelu_erf_torch(b, b.op("Add", [
         b.op("MatMul", [b.input("x", ["B", "S", 5]), b.init(b.weight((5, 3)))], name="mm"), b.init(b.weight(3))],
         name="bias"), "")[0],
     "add_relu": lambda b: b.op("Relu", [b.op("Add", [b.input("x", ["N", 5]), b.input("y", [5])], name="add")],

@@ -45,7 +45,7 @@ from pattern_graphs import (
 # across patterns: priorities, restriction, unknown ids, subgraphs, names
 # =============================================================================================
 def _mixed_model():
-    """silu, add_relu, eltwise_chain, gemm_relu_gelu and conv_bn_relu in one graph."""
+    """silu, add_relu, eltwise_chain, gemm_act and conv_act in one graph."""
     b = GraphBuilder()
     x, y = b.input("x", [3, 5]), b.input("y", [3, 5])
     s = b.op("Mul", [x, b.op("Sigmoid", [x], name="sig")], name="silu_mul")
@@ -60,7 +60,7 @@ def _mixed_model():
 
 MIXED_EXPECTED = {
     "silu": ["sig", "silu_mul"], "add_relu": ["add", "add_relu"], "eltwise_chain": ["scale", "tanh"],
-    "gemm_relu_gelu": ["gemm", "gemm_relu"], "conv_bn_relu": ["conv", "conv_relu"],
+    "gemm_act": ["gemm", "gemm_relu"], "conv_act": ["conv", "conv_relu"],
 }
 # alone, eltwise_chain also takes the silu and add_relu nodes (x and y become run-time operands)
 MIXED_ALONE = {**MIXED_EXPECTED, "eltwise_chain": ["sig", "silu_mul", "add", "add_relu", "scale", "tanh"]}
@@ -84,8 +84,8 @@ def test_patterns_argument_restricts_matching(pattern_id):
 
 def test_patterns_argument_with_two_ids_and_auto():
     c = case(_mixed_model())
-    _, report = fuse(c.model, ["silu", "conv_bn_relu"])
-    assert sorted(m.pattern_id for m in report.fused) == ["conv_bn_relu", "silu"]
+    _, report = fuse(c.model, ["silu", "conv_act"])
+    assert sorted(m.pattern_id for m in report.fused) == ["conv_act", "silu"]
     _, report = fuse(c.model, "silu,add_relu")
     assert sorted(m.pattern_id for m in report.fused) == ["add_relu", "silu"]
     _, report = fuse(c.model, "auto")
@@ -191,7 +191,7 @@ def test_if_branch_reading_gelu_input_rejects_gemm_gelu():
     b.output(_if_node(b, cond, out, h, [3, 4]))
     model = b.build()
     reasons = reject_reasons(model)
-    assert ("gemm_relu_gelu", "intermediate tensor 'mm_out' has another consumer (if)") in reasons
+    assert ("gemm_act", "intermediate tensor 'mm_out' has another consumer (if)") in reasons
     _assert_if_case(b, h, [("eltwise_chain", names)])
 
 
@@ -221,7 +221,7 @@ def test_if_branch_reading_the_fused_output_keeps_the_fusion():
     n = b.op("BatchNormalization", [c, *bn_params(b, 2)], name="bn")
     r = b.op("Relu", [n], name="relu")
     b.output(_if_node(b, cond, r, r, [1, 2, 3, 3]))
-    _assert_if_case(b, r, [("conv_bn_relu", ["conv", "bn", "relu"])])
+    _assert_if_case(b, r, [("conv_act", ["conv", "bn", "relu"])])
 
 
 def test_if_branch_reading_a_pattern_input_keeps_the_fusion():
@@ -254,7 +254,7 @@ def test_unnamed_conv_weights_get_unique_initializer_names():
     t = b.op("Relu", [conv(b, x, 2, 2, name="", pads=[1, 1, 1, 1])], name="")
     t = b.op("Relu", [conv(b, t, 2, 2, name="", pads=[1, 1, 1, 1])], name="")
     b.output(t)
-    fused, _ = assert_fused(case(b, ("conv_bn_relu", ["Conv_0", "Relu_1"]), ("conv_bn_relu", ["Conv_2", "Relu_3"])))
+    fused, _ = assert_fused(case(b, ("conv_act", ["Conv_0", "Relu_1"]), ("conv_act", ["Conv_2", "Relu_3"])))
     names = [t.name for t in fused.graph.initializer]
     assert len(names) == len(set(names))
 
@@ -263,7 +263,7 @@ def test_report_serialises():
     _, report = fuse(conv_bn_relu().model)
     data = report.to_dict()
     assert ortfuse.FusionReport.from_dict(data).to_dict() == data
-    assert "conv_bn_relu" in report.to_json()
+    assert "conv_act" in report.to_json()
 
 
 # =============================================================================================
@@ -276,7 +276,7 @@ def test_bug_synthetic_name_collision_loses_all_fusions():
     t = b.op("Relu", [conv(b, x, 3, 3, pads=[1, 1, 1, 1], name="Conv_2")], name="relu")
     t = b.op("Relu", [conv(b, t, 3, 3, pads=[1, 1, 1, 1], name="")], name="relu2")
     b.output(t)
-    assert_fused(case(b, ("conv_bn_relu", ["Conv_2", "relu"]), ("conv_bn_relu", ["Conv_2_1", "relu2"])))
+    assert_fused(case(b, ("conv_act", ["Conv_2", "relu"]), ("conv_act", ["Conv_2_1", "relu2"])))
 
 
 # =============================================================================================

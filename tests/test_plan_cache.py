@@ -62,7 +62,7 @@ def test_second_session_uses_the_cached_plan_without_parsing(model_path, monkeyp
     assert first._model_path == second._model_path
 
 
-@pytest.mark.parametrize("patterns", [None, ["gemm_relu_gelu", "add_relu"]], ids=["all", "explicit"])
+@pytest.mark.parametrize("patterns", [None, ["gemm_act", "add_relu"]], ids=["all", "explicit"])
 def test_a_cache_hit_in_a_new_process_imports_neither_onnx_nor_the_rewriter(model_path, patterns):
     """The plan cache's point: a session whose plan is cached costs what a stock session costs, also
     with explicit ``fusion_patterns`` (checked against the rule modules' names, not their code)."""
@@ -178,7 +178,7 @@ def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
     # made by a process that has ended: a live process's plans are never trimmed (tests/test_cache_safety.py)
     code = ("import json, sys, ortfuse\nfor p in json.loads(sys.argv[2]):\n"
             "    ortfuse.InferenceSession(sys.argv[1], fusion=True, fusion_patterns=p)")
-    subprocess.run([sys.executable, "-c", code, model_path, '[["add_relu"], ["gemm_relu_gelu"]]'], check=True)
+    subprocess.run([sys.executable, "-c", code, model_path, '[["add_relu"], ["gemm_act"]]'], check=True)
     entries = sorted(plan_cache.root().glob("*.json"))
     assert len(entries) == 2
     for age, p in enumerate(entries):  # entries[0] is the older one, whatever the clock's resolution

@@ -70,7 +70,7 @@ def test_fused_ops_carry_pattern_and_original_nodes(mlp_profile):
     for n in fused.nodes:
         if n.fused_op:
             # the rewriter names each node it emits for a match <fused_node> or <fused_node>/<k>
-            assert n.pattern_id == "gemm_relu_gelu" and n.name.split("/")[0] == n.fused_op
+            assert n.pattern_id == "gemm_act" and n.name.split("/")[0] == n.fused_op
             assert n.replaced and set(n.replaced) <= originals
 
 
@@ -79,7 +79,7 @@ def test_savings_match_the_stock_nodes_they_replace(mlp_profile):
     fused, stock = r.profiles[P.FUSED], r.profiles[P.DISABLE_ALL]
     att = next(a for a in r.attributions if a.config == P.DISABLE_ALL)
     (row,) = att.patterns
-    assert (row.pattern_id, row.ops, row.mapped) == ("gemm_relu_gelu", 7, 7)
+    assert (row.pattern_id, row.ops, row.mapped) == ("gemm_act", 7, 7)
     replaced = {o for n in fused.nodes if n.fused_op for o in n.replaced}
     assert row.original_us == pytest.approx(sum(n.us for n in stock.nodes if n.name in replaced))
     assert row.fused_us == pytest.approx(sum(n.us for n in fused.nodes if n.fused_op))
@@ -138,7 +138,7 @@ def test_a_layout_op_maps_to_the_nodes_it_records_and_its_time_is_not_split():
     names = P.NameMap(rewritten, loaded)
     assert names.resolve("gap/squeeze_excite", "FusedSqueezeExciteBlocked") == (
         ["fc1", "fc2", "gap", "mul"], "ortfuse layout op (the nodes it replaces)")
-    matches = [MatchRecord("conv_bn_relu", [n], FUSED, fused_node=n) for n in ("fc1", "fc2")]
+    matches = [MatchRecord("conv_act", [n], FUSED, fused_node=n) for n in ("fc1", "fc2")]
     nodes = P._nodes({"gap/squeeze_excite": ("FusedSqueezeExciteBlocked", [30.0], 1)}, 1, names, matches)
     assert nodes[0].spans == ["fc1", "fc2"] and nodes[0].fused_op == ""
     fused = P.Profile(P.FUSED, 1, 0, 30.0, nodes)
@@ -179,7 +179,7 @@ def test_cli_writes_traces_summary_and_a_png(capsys, tmp_path):
     summary = json.loads((out_dir / "profile.json").read_text())
     assert set(summary["profiles"]) == {"fused", "ort_enable_all"}
     assert "saving per pattern against stock ORT_ENABLE_ALL" in out
-    assert re.search(r"^gemm_relu_gelu\s+7\s+7/7\s", out, re.MULTILINE)
+    assert re.search(r"^gemm_act\s+7\s+7/7\s", out, re.MULTILINE)
 
 
 def test_cli_unreadable_model_exits_2(capsys, tmp_path):

@@ -69,7 +69,7 @@ def assert_close(got, ref):
         assert float(np.abs(g - r).max()) <= 1e-4 * max(1.0, float(np.abs(r).max()))
 
 
-def kernel_of(report, pattern_id="conv_bn_relu", node="conv1"):
+def kernel_of(report, pattern_id="conv_act", node="conv1"):
     return next(r for r in report.matches if r.pattern_id == pattern_id and node in r.nodes)
 
 

@@ -88,7 +88,7 @@ def test_rule_module_is_named_after_its_id_and_shows_before_and_after(rule):
 
 
 def test_catalogue_keeps_the_priority_order():
-    today = ("conv_add_relu", "conv_bn_relu", "gemm_relu_gelu", "add_relu", "hardswish", "silu", "eltwise_chain")
+    today = ("conv_add_relu", "conv_act", "gemm_act", "add_relu", "hardswish", "silu", "eltwise_chain")
     assert [p for p in catalogue.PATTERN_IDS if p in today] == list(today)
     assert catalogue.PATTERN_IDS[-1] == "eltwise_chain"  # the generic pattern takes what the others leave
     assert list(catalogue.MATCHERS) == list(catalogue.PATTERN_IDS)
@@ -145,6 +145,21 @@ def extra_rules_dir(tmp_path, monkeypatch):
     monkeypatch.undo()
     catalogue._tables.cache_clear()
     importlib.invalidate_caches()
+
+
+def test_former_pattern_ids_name_their_renamed_patterns():
+    from ortfuse.tune.decisions import Decision
+
+    assert set(catalogue.RENAMED.values()) <= set(catalogue.PATTERN_IDS)
+    assert not set(catalogue.RENAMED) & set(catalogue.PATTERN_IDS)  # a former id is no module of its own
+    assert catalogue.validate_patterns(["gemm_relu_gelu", "conv_bn_relu", "silu"]) == ("conv_act", "gemm_act", "silu")
+    assert catalogue.validate_patterns("conv_bn_relu") == ("conv_act",)
+    catalogue.check_pattern_ids("conv_bn_relu,gemm_relu_gelu")  # accepted without importing the rules
+    assert catalogue.rule("conv_bn_relu").id == "conv_act"
+    assert Decision("gemm_relu_gelu", ["mm"], True, "").pattern_id == "gemm_act"  # cached or embedded before
+    example = next(e for e in catalogue.rule("conv_act").examples if e.reason is None)
+    _, report = fuse(example.build(), ["conv_bn_relu"])
+    assert set(report.counts()) == {"conv_act"}
 
 
 def test_a_new_rule_module_is_discovered_in_its_order(extra_rules_dir):

@@ -33,7 +33,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 EXPORTS = {"torchscript": "bert-L2-random-torchscript-opset14.onnx", "dynamo": "bert-L2-random-dynamo-opset18.onnx"}
 LAYERS, VOCAB, MAX_POSITION, HIDDEN = 2, 1000, 128, 384
 # per layer: attention, its two residual LayerNorms, the FFN's MatMul + Add + Gelu; one embedding LayerNorm
-EXPECTED = {"attention": LAYERS, "skip_layernorm": 2 * LAYERS, "gemm_relu_gelu": LAYERS, "embed_layernorm": 1}
+EXPECTED = {"attention": LAYERS, "skip_layernorm": 2 * LAYERS, "gemm_act": LAYERS, "embed_layernorm": 1}
 SIZES = [(1, 1), (1, 7), (3, 20), (2, MAX_POSITION)]  # (batch, sequence)
 ORT_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.RuntimeException,
               ort.capi.onnxruntime_pybind11_state.InvalidArgument)

@@ -189,7 +189,7 @@ def test_auto_under_the_bf16_opt_in_measures_the_amx_kernel(monkeypatch):
     # measured on its own, or inside the whole fused plan that auto judges first
     assert decisions[0].fused_ms is not None or "every match fused" in decisions[0].reason, decisions[0]
     kept = session.fusion_report.fused
-    expected = ["gemm_relu_gelu"] if decisions[0].keep else []
+    expected = ["gemm_act"] if decisions[0].keep else []
     assert [m.pattern_id for m in kept] == expected, session.fusion_report.table()
     if kept:  # it runs the bf16 kernel it measured, within the bf16 tolerance of ORT
         assert "(bf16 products)" in kept[0].kernel, kept[0].kernel
@@ -538,7 +538,7 @@ def test_decisions_for_the_native_kernel_are_not_used_for_the_reference_one(monk
     assert add_relu.reason.startswith(tune_decisions.KERNEL_CHANGED)
     assert labels["add_relu"] in add_relu.reason and "reference" in add_relu.reason
     assert add_relu.fused_ms is None and add_relu.ort_ms is None  # no native times on it
-    assert [m.decision for m in records.values()] == [FUSED] and records["gemm_relu_gelu"].fused_ms == 0.5
+    assert [m.decision for m in records.values()] == [FUSED] and records["gemm_act"].fused_ms == 0.5
     feeds = ffn_inputs()
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(ffn_matmul_add_relu(), feeds)[0],
                                rtol=1e-4, atol=1e-4)

@@ -155,12 +155,12 @@ def test_suggestion_leaves_out_the_pattern_and_says_instances_cannot_be_named(br
 def test_suggestion_keeps_the_other_patterns_that_fuse():
     from ortfuse.cli.verify import Bisection, FusedOp, VerifyResult, suggest
 
-    ops = [FusedOp("conv_bn_relu", ("c",), "f0"), FusedOp("silu", ("s",), "f1"), FusedOp("add_relu", ("a",), "f2")]
-    r = VerifyResult("m.onnx", False, 0, 0, ["conv_bn_relu", "add_relu", "silu", "eltwise_chain"], {}, "", ops, [])
+    ops = [FusedOp("conv_act", ("c",), "f0"), FusedOp("silu", ("s",), "f1"), FusedOp("add_relu", ("a",), "f2")]
+    r = VerifyResult("m.onnx", False, 0, 0, ["conv_act", "add_relu", "silu", "eltwise_chain"], {}, "", ops, [])
     r.bisection = Bisection(3, culprits=[ops[1]], confirmed=True)
     s = suggest(r, "m.onnx")
-    assert s["fusion_pattern_id"] == "conv_bn_relu,add_relu" and s["note"] == ""
-    assert s["command"] == "ortfuse-annotate m.onnx --pattern conv_bn_relu --pattern add_relu"
+    assert s["fusion_pattern_id"] == "conv_act,add_relu" and s["note"] == ""
+    assert s["command"] == "ortfuse-annotate m.onnx --pattern conv_act --pattern add_relu"
 
 
 def test_multi_output_model_reports_each_output_and_blames_the_right_op(feeds):

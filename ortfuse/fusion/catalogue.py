@@ -19,6 +19,14 @@ from typing import Any
 
 _TABLES = ("RULES", "PATTERN_IDS", "MATCHERS", "SPECS", "NATIVE_KERNELS", "LOWERING_FORMS")
 
+# Former pattern ids, still accepted wherever an id is (``fusion_patterns=``, ``fuse(patterns=)``,
+# the ``fusion_pattern_id`` metadata, the CLI's --pattern, decisions and fused nodes written before
+# the rename): each is read as the id it became. Reports and new metadata name the current id.
+RENAMED = {
+    "conv_bn_relu": "conv_act",  # Conv with any of bias/BN/affine steps and five activations, not BN+Relu
+    "gemm_relu_gelu": "gemm_act",  # Gemm/MatMul with a Relu, Gelu or Relu-then-Gelu epilogue
+}
+
 
 class UnknownPatternError(ValueError):
     """A pattern id that is not in the catalogue; the message lists the known ids."""
@@ -68,9 +76,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def canonical_id(pattern_id: str) -> str:
+    """The current id of ``pattern_id`` (itself unless it is a former id, ``RENAMED``)."""
+    return RENAMED.get(pattern_id, pattern_id)
+
+
 def rule(pattern_id: str):
-    """The ``PatternRule`` of a pattern id."""
-    return next(r for r in _tables()["RULES"] if r.id == pattern_id)
+    """The ``PatternRule`` of a pattern id (a former id names its rule too)."""
+    wanted = canonical_id(pattern_id)
+    return next(r for r in _tables()["RULES"] if r.id == wanted)
 
 
 def spec_for_op_type(op_type: str):
@@ -82,9 +96,10 @@ def spec_for_op_type(op_type: str):
 
 
 def _requested(ids: Iterable[str] | str) -> list[str]:
+    """The ids asked for, former ids read as their current ones."""
     if isinstance(ids, str):
         ids = [p for p in ids.split(",") if p.strip()]
-    return [str(p).strip() for p in ids]
+    return [canonical_id(str(p).strip()) for p in ids]
 
 
 def check_pattern_ids(ids: Iterable[str] | str | None) -> None:
@@ -101,7 +116,8 @@ def check_pattern_ids(ids: Iterable[str] | str | None) -> None:
 
 
 def validate_patterns(ids: Iterable[str] | str | None) -> tuple[str, ...]:
-    """Return the requested ids in catalogue order (all of them for ``None`` or ``"auto"``)."""
+    """Return the requested ids in catalogue order (all of them for ``None`` or ``"auto"``), former
+    ids (``RENAMED``) as their current ones."""
     known: tuple[str, ...] = _tables()["PATTERN_IDS"]
     if ids is None:
         return known
@@ -112,6 +128,7 @@ def validate_patterns(ids: Iterable[str] | str | None) -> tuple[str, ...]:
     if unknown:
         raise UnknownPatternError(
             f"unknown fusion pattern id(s) {', '.join(map(repr, unknown))}; "
-            f"known ids are: {', '.join(known)} (or 'auto')."
+            f"known ids are: {', '.join(known)} (or 'auto'; former ids {', '.join(RENAMED)} still name their "
+            "renamed patterns)."
         )
     return tuple(p for p in known if p in wanted)

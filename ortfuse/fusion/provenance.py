@@ -14,7 +14,7 @@ import re
 import onnx
 
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.fusion.catalogue import spec_for_op_type
+from ortfuse.fusion.catalogue import canonical_id, spec_for_op_type
 from ortfuse.fusion.report import FUSED, FusionReport, MatchRecord
 from ortfuse.fusion.rulekit.lowering import label_of
 from ortfuse.fusion.rulekit.result import Match
@@ -82,7 +82,8 @@ def _provenance(node: onnx.NodeProto) -> tuple[str, str] | None:
 
 def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
     """The report of a model saved already fused, rebuilt from its nodes' provenance: one record per
-    fused op, or per lowered group (the nodes sharing one provenance)."""
+    fused op, or per lowered group (the nodes sharing one provenance); a former pattern id is read as
+    its current one."""
     report = FusionReport(applied=True)
     groups: dict[tuple[str, str], list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -98,7 +99,8 @@ def report_of_rewritten(model: onnx.ModelProto) -> FusionReport:
             kernel = label_of(nodes)
             read = {i for n in nodes for i in n.input}
             fused_node = next((n.name for n in reversed(nodes) if not set(n.output) & read), nodes[-1].name)
-        report.matches.append(MatchRecord(pid, replaced.split(","), FUSED, fused_node=fused_node, kernel=kernel))
+        report.matches.append(MatchRecord(canonical_id(pid), replaced.split(","), FUSED, fused_node=fused_node,
+                                          kernel=kernel))
     report.patterns = sorted({m.pattern_id for m in report.matches})
     report.reason = f"model was saved already fused ({len(report.matches)} fused op(s))"
     return report

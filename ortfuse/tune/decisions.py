@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ortfuse.fusion.catalogue import canonical_id
 from ortfuse.fusion.report import FUSED, FusionReport, MatchRecord
 
 if TYPE_CHECKING:  # a session created with nothing known imports this module without needing onnx
@@ -47,6 +48,9 @@ class Decision:
     ort_ms: float | None = None
     kernel: str = ""
     constants: str = ""
+
+    def __post_init__(self) -> None:  # decisions written before a pattern was renamed name its former id
+        self.pattern_id = canonical_id(self.pattern_id)
 
     @property
     def ratio(self) -> float | None:

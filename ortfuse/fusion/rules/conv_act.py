@@ -1,5 +1,7 @@
-"""conv_bn_relu: a Conv with its bias Add, BatchNormalization and activation epilogue (Relu, Clip,
-HardSigmoid, HardSwish or SiLU), any of them optional but one, as one FusedConvAct."""
+"""conv_act: a Conv with the constant per-channel steps around it folded into its weights (a Mul/Add
+run before an unpadded conv; bias Add, BatchNormalization, Mul/Add after it) and an activation epilogue
+(Relu, Clip, HardSigmoid, HardSwish or SiLU), any of them optional but one, as one FusedConvAct.
+Its former id ``conv_bn_relu`` is still accepted (``ortfuse.fusion.catalogue.RENAMED``)."""
 
 from __future__ import annotations
 
@@ -27,11 +29,11 @@ from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, 
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
-ID = "conv_bn_relu"
+ID = "conv_act"
 
 
-# Conv [-> Add(bias)] [-> BatchNormalization] [-> Relu | Clip | HardSigmoid | HardSwish | SiLU]
-#   ->   FusedConvAct(X, W', B')
+# [Mul/Add(const)...] -> Conv [-> Add(bias)] [-> BatchNormalization] [-> Mul/Add(const)...]
+#   [-> Relu | Clip | HardSigmoid | HardSwish | SiLU]   ->   FusedConvAct(X, W', B')
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     core = conv_core(ix, anchor, ID)
     if not isinstance(core, ConvCore):

@@ -1,4 +1,4 @@
-"""gemm_relu_gelu: Gemm, or MatMul (any rank, constant 2-D weight) [+ bias Add], then an epilogue of
+"""gemm_act: Gemm, or MatMul (any rank, constant 2-D weight) [+ bias Add], then an epilogue of
 Relu, Gelu (ONNX op, erf or tanh decompositions) or Relu then Gelu, as one FusedGemmAct.
 
 Gemm's alpha, beta and transB are folded into the weights: W' = alpha * op(B), b' = beta * C.
@@ -20,7 +20,7 @@ from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, 
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
-ID = "gemm_relu_gelu"
+ID = "gemm_act"
 
 
 def _epilogue(ix: GraphIndex, x: str) -> Epilogue | None:
