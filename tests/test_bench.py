@@ -174,7 +174,7 @@ def test_outputs_match_reference_and_fusion_columns(bench_doc):
         for name in STOCK:
             assert res["configs"][name]["max_abs_diff"] == 0.0, name
             assert res["configs"][name]["fused_ops"] is None
-        for name in ("ortfuse_auto", "ortfuse_numba"):
+        for name in ("ortfuse_auto", "ortfuse_fused"):
             assert isinstance(res["configs"][name]["fused_ops"], dict)
             assert res["configs"][name]["max_abs_diff"] < 1e-5
 
@@ -332,6 +332,16 @@ def test_child_command_line_reproduces_the_arguments():
     args = parser.parse_args(argv)
     again = parser.parse_args(cli_bench._argv(args))
     assert vars(again) == {**vars(args), "quiet_threads": False}
+
+
+def test_the_former_name_of_the_fusion_true_configuration_is_read_as_its_current_one():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli_bench.add_arguments(parser)
+    assert parser.parse_args(["m.onnx", "--configs", "ortfuse_numba,ort_enable_all"]).configs == [
+        "ortfuse_fused", "ort_enable_all"]
+    assert run._check_configs(["ortfuse_numba"]) == ["ort_enable_all", "ortfuse_fused"]
 
 
 def test_cli_bad_model_exits_2(tmp_path):

@@ -204,7 +204,7 @@ def test_suite_public_goes_on_without_a_model_that_cannot_be_fetched(local_index
     _use_pins(monkeypatch, _pin("fake_missing", data, version="2.0"), _pin("fake_ok", data))
     out = tmp_path / "results"
     code = cli_bench.main(["--suite", "public", "--runs", "2", "--repeats", "1", "--warmup", "0", "--memory", "off",
-                           "--configs", "ort_enable_all,ortfuse_numba,ort_enable_all_b", "--quiet-threads", "off",
+                           "--configs", "ort_enable_all,ortfuse_fused,ort_enable_all_b", "--quiet-threads", "off",
                            "--progress", "off", "--json", f"{out}/"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -219,7 +219,7 @@ def test_suite_public_goes_on_without_a_model_that_cannot_be_fetched(local_index
     res = doc["results"][0]
     assert res["public"]["sha256"] == hashlib.sha256(data).hexdigest() and res["public"]["version"] == "1.0"
     assert res["inputs"] == {"x": {"shape": [1, 3, 4, 4], "dtype": "float32"}}
-    assert res["configs"]["ortfuse_numba"]["max_rel_diff"] == 0.0
+    assert res["configs"]["ortfuse_fused"]["max_rel_diff"] == 0.0
     env = doc["environment"]
     assert "openvino" in env["versions"] and env["versions"]["onnxruntime"] == onnxruntime.__version__
     assert isinstance(env["isa_features"], list) and "sse2" in env["isa_features"]

@@ -183,6 +183,21 @@ def _synthetic_public() -> dict:
     return doc
 
 
+def test_files_naming_the_former_fusion_true_configuration_render_as_files_naming_the_current_one(tmp_path):
+    """``ortfuse_numba`` was the name of ``ortfuse_fused`` (fusion=True): result files written before the
+    rename still render, the same tables (only a --configs list names the configuration as the file does)."""
+    tables = _tables()
+    for kind, doc in (("public", _synthetic_public()), ("bench", _synthetic())):
+        text = json.dumps(doc)
+        assert "ortfuse_numba" in text
+        (tmp_path / f"{kind}-old.json").write_text(text)
+        (tmp_path / f"{kind}-new.json").write_text(text.replace("ortfuse_numba", "ortfuse_fused"))
+        old = tables.render_section(kind, f" files={kind}-old.json ", tmp_path)
+        new = tables.render_section(kind, f" files={kind}-new.json ", tmp_path)
+        assert old.replace("-old.json", "-new.json").replace("ortfuse_numba", "ortfuse_fused") == new
+        assert "`fusion=True`" in new and "0.950 [0.900-0.970]" in new
+
+
 def test_public_section_has_one_row_per_model_a_column_per_config_and_the_packages(tmp_path):
     tables = _tables()
     (tmp_path / "bench-public-x.json").write_text(json.dumps(_synthetic_public()))

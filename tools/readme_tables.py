@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from ortfuse.bench.peers import PEERS
+from ortfuse.bench.sessions import RENAMED_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -101,13 +102,15 @@ def _command(doc: dict) -> str:
     if prot.get("warmup_passes_per_repeat", 2) != 2:
         parts += ["--warmup", str(prot["warmup_passes_per_repeat"])]
     configs = prot.get("configs") or []
-    default = ["ort_disable_all", "ort_enable_all", "ortfuse_auto", "ortfuse_numba", "ort_enable_all_b"]
+    default = ["ort_disable_all", "ort_enable_all", "ortfuse_auto", ORTFUSE_TRUE, "ort_enable_all_b"]
     peers = {config: peer for peer, config in PEERS.items()}
-    if configs[len(default):] and configs[:len(default)] == default and all(c in peers for c in configs[len(default):]):
-        for config in configs[len(default):]:
+    current = [_current(c) for c in configs]  # a file written before a configuration was renamed
+    extra = current[len(default):]
+    if extra and current[:len(default)] == default and all(c in peers for c in extra):
+        for config in extra:
             parts += ["--peer", peers[config]]
-    elif configs and configs != default:
-        parts += ["--configs", ",".join(configs)]
+    elif current and current != default:
+        parts += ["--configs", ",".join(configs)]  # as the file names them (`ortfuse bench` reads former names)
     if prot.get("spinning"):
         parts += ["--spinning", "on"]
     if prot.get("gap_ms"):
@@ -259,7 +262,12 @@ def _legend(docs: list[tuple[str, dict]]) -> str:
 # ---------------------------------------------------------------------------------------------- public
 
 PEER_LABELS = {"openvino_f32": "OpenVINO f32", "ort_transformers": "ORT transformer optimizer"}
-ORTFUSE_TRUE = "ortfuse_numba"  # the configuration of fusion=True, whose numerics the table shows
+ORTFUSE_TRUE = "ortfuse_fused"  # the configuration of fusion=True, whose numerics the table shows
+
+
+def _current(config: str) -> str:
+    """A configuration's current name (files written before a rename name it as it was then)."""
+    return RENAMED_CONFIGS.get(config, config)
 
 
 def _label(name: str, row: dict) -> str:
@@ -313,7 +321,7 @@ def public_columns(doc: dict) -> list[str]:
     the others in the file's order."""
     prot = doc["protocol"]
     stock = {prot.get("baseline"), prot.get("control"), prot.get("reference")}
-    return sorted((c for c in prot["configs"] if c not in stock), key=lambda c: c != ORTFUSE_TRUE)
+    return sorted((c for c in prot["configs"] if c not in stock), key=lambda c: _current(c) != ORTFUSE_TRUE)
 
 
 def _rel(row: dict | None) -> str:
@@ -337,8 +345,9 @@ def public_rows(doc: dict) -> list[list[str]]:
             cells.append(f"{ratio_range(row['ratio'], row['ratio_per_repeat'])} {row.get('verdict') or ''}".rstrip()
                          if row else "-")
         cells.append(ratio_range(ctrl["ratio"], ctrl["ratio_per_repeat"]) if ctrl else "n/a")
-        cells.append(f"{_rel(res['configs'].get(ORTFUSE_TRUE))} / {_rel(base)}")
-        fused = res["configs"].get(ORTFUSE_TRUE, {}).get("fused_ops")
+        true = next((row for c, row in res["configs"].items() if _current(c) == ORTFUSE_TRUE), None)
+        cells.append(f"{_rel(true)} / {_rel(base)}")
+        fused = (true or {}).get("fused_ops")
         cells.append(_fused(fused))
         rows.append(cells)
     return rows

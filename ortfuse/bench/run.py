@@ -25,6 +25,7 @@ from ortfuse.bench.sessions import (
     DEFAULT_CONFIGS,
     DEFAULT_SPINNING,
     REFERENCE,
+    RENAMED_CONFIGS,
     make_session,
 )
 from ortfuse.bench.stats import max_abs_diff, max_rel_diff, summarize
@@ -157,7 +158,7 @@ def bench(
 
 
 def _check_configs(configs) -> list[str]:
-    names = [c.strip() for c in configs if c and c.strip()]
+    names = [RENAMED_CONFIGS.get(c.strip(), c.strip()) for c in configs if c and c.strip()]
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:
         raise BenchError(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")

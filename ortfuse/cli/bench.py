@@ -45,7 +45,7 @@ from ortfuse.bench.output import header, result_path, table, write_json
 from ortfuse.bench.peers import PEERS
 from ortfuse.bench.peers import available as peer_available
 from ortfuse.bench.run import DEFAULT_BUDGET_S, DEFAULT_GAP_MS, DEFAULT_REPEATS, DEFAULT_WARMUP, bench
-from ortfuse.bench.sessions import CONFIGS, DEFAULT_CONFIGS, DEFAULT_SPINNING
+from ortfuse.bench.sessions import CONFIGS, DEFAULT_CONFIGS, DEFAULT_SPINNING, RENAMED_CONFIGS
 from ortfuse.cli.verify import add_input_arguments
 
 _CHILD_FLAG = "ORTFUSE_BENCH_CHILD"  # set in the re-executed child: it must not re-execute again
@@ -62,7 +62,7 @@ def _batches(text: str) -> list[int]:
 
 
 def _configs(text: str) -> list[str]:
-    names = [c.strip() for c in text.split(",") if c.strip()]
+    names = [RENAMED_CONFIGS.get(c.strip(), c.strip()) for c in text.split(",") if c.strip()]  # former names too
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
