@@ -54,7 +54,7 @@ API (all return int64 status):
     activation(x, out, code, alpha, beta, ...)        reference.activation(x, kind, alpha, beta)
     bias_act(x, b, out, code, alpha, beta, ...)       act(x + b) over rows of [M, N], b of size N
                                                       (size 0: no bias); the GEMM/Conv epilogue
-    apply_op(x, out, op, p0, p1, p2, p3, ...)         one OP_* code with up to four parameters
+    apply_op(x, out, op, p0, p1, p2, p3, ...)         one ACT_* code with up to four parameters
 
 ``code`` packs up to ``MAX_CHAIN`` steps of ``reference.activation``'s '+' chains, 4 bits per step,
 first step lowest: ``encode_activation("relu+gelu")``.
@@ -102,25 +102,27 @@ PARALLEL_MIN_IDLE = 1 << 18
 BLOCK = 1 << 15         # elements per parallel work item (128 KiB of float32)
 CHUNK = 2048            # elements per pass of a multi-step chain (8 KiB: stays in L1)
 
-# op codes (also the steps of an activation chain; 4 bits each)
-OP_NONE = 0
-OP_RELU = 1
-OP_GELU = 2
-OP_GELU_TANH = 3
-OP_CLIP = 4             # p0 = min, p1 = max
-OP_HARDSIGMOID = 5      # p0 = alpha, p1 = beta
-OP_HARDSWISH = 6        # x * hardsigmoid(x; p0 = alpha, p1 = beta)   (reference.activation)
-OP_SILU = 7
-OP_SIGMOID = 8
-OP_TANH = 9
-OP_EXP = 10
-OP_ERF = 11
-OP_HARDSWISH4 = 12      # x * (clip(x + p0, p1, p2) / p3)            (reference.hardswish)
-N_OPS = 13
+# activation codes: one elementwise step of an epilogue (4 bits each in a packed activation chain).
+# ACT_*, not OP_*: the chain kernel's step codes (native.ops.eltwise_chain.encoding.OP_*) are another
+# table, the index of an op in reference.ELTWISE_OPS
+ACT_NONE = 0
+ACT_RELU = 1
+ACT_GELU = 2
+ACT_GELU_TANH = 3
+ACT_CLIP = 4             # p0 = min, p1 = max
+ACT_HARDSIGMOID = 5      # p0 = alpha, p1 = beta
+ACT_HARDSWISH = 6        # x * hardsigmoid(x; p0 = alpha, p1 = beta)   (reference.activation)
+ACT_SILU = 7
+ACT_SIGMOID = 8
+ACT_TANH = 9
+ACT_EXP = 10
+ACT_ERF = 11
+ACT_HARDSWISH4 = 12      # x * (clip(x + p0, p1, p2) / p3)            (reference.hardswish)
+N_ACTS = 13
 
-ACTIVATION_CODES = {"": OP_NONE, "relu": OP_RELU, "gelu": OP_GELU, "gelu_tanh": OP_GELU_TANH,
-                    "clip": OP_CLIP, "hardsigmoid": OP_HARDSIGMOID, "hardswish": OP_HARDSWISH,
-                    "silu": OP_SILU}
+ACTIVATION_CODES = {"": ACT_NONE, "relu": ACT_RELU, "gelu": ACT_GELU, "gelu_tanh": ACT_GELU_TANH,
+                    "clip": ACT_CLIP, "hardsigmoid": ACT_HARDSIGMOID, "hardswish": ACT_HARDSWISH,
+                    "silu": ACT_SILU}
 MAX_CHAIN = 4
 
 
@@ -173,52 +175,52 @@ def _loops(s, d, op, p0, p1, p2, p3):
     """d = op(s) over two distinct equal-size arrays: one vectorised loop per op, the switch
     outside the loops."""
     n = d.size
-    if op == OP_RELU:
+    if op == ACT_RELU:
         for i in range(n):
             d[i] = relu1(s[i])
-    elif op == OP_GELU:
+    elif op == ACT_GELU:
         prefer_512bit()
         for i in range(n):
             d[i] = gelu1(s[i])
-    elif op == OP_GELU_TANH:
+    elif op == ACT_GELU_TANH:
         prefer_512bit()
         for i in range(n):
             d[i] = gelu_tanh1(s[i])
-    elif op == OP_CLIP:
+    elif op == ACT_CLIP:
         for i in range(n):
             d[i] = clip1(s[i], p0, p1)
-    elif op == OP_HARDSIGMOID:
+    elif op == ACT_HARDSIGMOID:
         for i in range(n):
             d[i] = hardsigmoid1(s[i], p0, p1)
-    elif op == OP_HARDSWISH:
+    elif op == ACT_HARDSWISH:
         for i in range(n):
             v = s[i]
             d[i] = v * hardsigmoid1(v, p0, p1)
-    elif op == OP_SILU:
+    elif op == ACT_SILU:
         prefer_512bit()
         for i in range(n):
             d[i] = silu_f32(s[i])
-    elif op == OP_SIGMOID:
+    elif op == ACT_SIGMOID:
         prefer_512bit()
         for i in range(n):
             d[i] = sigmoid_f32(s[i])
-    elif op == OP_TANH:
+    elif op == ACT_TANH:
         prefer_512bit()
         for i in range(n):
             d[i] = tanh_f32(s[i])
-    elif op == OP_EXP:
+    elif op == ACT_EXP:
         prefer_512bit()
         for i in range(n):
             d[i] = exp_f32(s[i])
-    elif op == OP_ERF:
+    elif op == ACT_ERF:
         prefer_512bit()
         for i in range(n):
             d[i] = erf_f32(s[i])
-    elif op == OP_HARDSWISH4:
+    elif op == ACT_HARDSWISH4:
         for i in range(n):
             v = s[i]
             d[i] = v * (clip1(v + p0, p1, p2) / p3)
-    else:  # OP_NONE (unknown codes are rejected by the public functions): copy
+    else:  # ACT_NONE (unknown codes are rejected by the public functions): copy
         for i in range(n):
             d[i] = s[i]
 
@@ -229,48 +231,48 @@ def _loops_ip(d, op, p0, p1, p2, p3):
     compiles it, behind a run-time check that s and d do not overlap at all, and an in-place call
     fails that check and runs the scalar fallback (8x slower for gelu, measured)."""
     n = d.size
-    if op == OP_RELU:
+    if op == ACT_RELU:
         for i in range(n):
             d[i] = relu1(d[i])
-    elif op == OP_GELU:
+    elif op == ACT_GELU:
         prefer_512bit()
         for i in range(n):
             d[i] = gelu1(d[i])
-    elif op == OP_GELU_TANH:
+    elif op == ACT_GELU_TANH:
         prefer_512bit()
         for i in range(n):
             d[i] = gelu_tanh1(d[i])
-    elif op == OP_CLIP:
+    elif op == ACT_CLIP:
         for i in range(n):
             d[i] = clip1(d[i], p0, p1)
-    elif op == OP_HARDSIGMOID:
+    elif op == ACT_HARDSIGMOID:
         for i in range(n):
             d[i] = hardsigmoid1(d[i], p0, p1)
-    elif op == OP_HARDSWISH:
+    elif op == ACT_HARDSWISH:
         for i in range(n):
             v = d[i]
             d[i] = v * hardsigmoid1(v, p0, p1)
-    elif op == OP_SILU:
+    elif op == ACT_SILU:
         prefer_512bit()
         for i in range(n):
             d[i] = silu_f32(d[i])
-    elif op == OP_SIGMOID:
+    elif op == ACT_SIGMOID:
         prefer_512bit()
         for i in range(n):
             d[i] = sigmoid_f32(d[i])
-    elif op == OP_TANH:
+    elif op == ACT_TANH:
         prefer_512bit()
         for i in range(n):
             d[i] = tanh_f32(d[i])
-    elif op == OP_EXP:
+    elif op == ACT_EXP:
         prefer_512bit()
         for i in range(n):
             d[i] = exp_f32(d[i])
-    elif op == OP_ERF:
+    elif op == ACT_ERF:
         prefer_512bit()
         for i in range(n):
             d[i] = erf_f32(d[i])
-    elif op == OP_HARDSWISH4:
+    elif op == ACT_HARDSWISH4:
         for i in range(n):
             v = d[i]
             d[i] = v * (clip1(v + p0, p1, p2) / p3)
@@ -389,7 +391,7 @@ def _valid_code(code):
         return False
     rest = code
     while rest != 0:
-        if (rest & 15) >= N_OPS:
+        if (rest & 15) >= N_ACTS:
             return False
         rest >>= 4
     return True
@@ -397,7 +399,7 @@ def _valid_code(code):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _unary1(x, out, op, p0, p1, p2, p3, parallel_min):
-    """One op: ``op`` is a literal (a global OP_* constant at the call site)."""
+    """One op: ``op`` is a literal (a global ACT_* constant at the call site)."""
     n = x.size
     if out.size != n:
         return ERR_SIZE
@@ -433,64 +435,64 @@ def _unary(x, out, code, p0, p1, p2, p3, parallel_min):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def apply_op(x, out, op, p0, p1, p2, p3, parallel_min=PARALLEL_MIN):
-    """out = op(x) for one OP_* code (or a packed chain of them) with parameters p0..p3."""
+    """out = op(x) for one ACT_* code (or a packed chain of them) with parameters p0..p3."""
     return _unary(x, out, op, p0, p1, p2, p3, parallel_min)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def relu(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_RELU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_RELU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def gelu(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_GELU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_GELU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def gelu_tanh(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_GELU_TANH, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_GELU_TANH, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def silu(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_SILU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_SILU, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def sigmoid(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_SIGMOID, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_SIGMOID, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def tanh(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_TANH, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_TANH, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def exp(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_EXP, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_EXP, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def erf(x, out, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_ERF, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_ERF, 0.0, 0.0, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def clip(x, out, lo, hi, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_CLIP, lo, hi, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_CLIP, lo, hi, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def hardsigmoid(x, out, alpha, beta, parallel_min=PARALLEL_MIN):
-    return _unary1(x, out, OP_HARDSIGMOID, alpha, beta, 0.0, 0.0, parallel_min + 0)
+    return _unary1(x, out, ACT_HARDSIGMOID, alpha, beta, 0.0, 0.0, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def hardswish(x, out, add, lo, hi, div, parallel_min=PARALLEL_MIN):
     """x * (clip(x + add, lo, hi) / div): FusedHardSwish (Add->Clip->Div->Mul; HardSwish is 3, 0, 6, 6)."""
-    return _unary1(x, out, OP_HARDSWISH4, add, lo, hi, div, parallel_min + 0)
+    return _unary1(x, out, ACT_HARDSWISH4, add, lo, hi, div, parallel_min + 0)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
