@@ -34,12 +34,12 @@ _state: dict = {}  # "locator": bool once configured
 
 def cache_root() -> str:
     """Where compiled kernels of this package are cached: ``$NUMBA_CACHE_DIR`` if set, else the
-    ``numba`` folder of ortfuse's cache root (``ortfuse.runtime.cache_paths``). Never beside the
+    ``numba`` folder of ortfuse's cache root (``ortfuse.foundation.cache_paths``). Never beside the
     sources; never a folder another user owns or can write (numba's cache holds pickles and code):
     such a one is refused as ``cache_paths`` refuses a cache folder, for a private temporary one."""
     from pathlib import Path
 
-    from ortfuse.runtime.cache_paths import NUMBA, cache_dir, private
+    from ortfuse.foundation.cache_paths import NUMBA, cache_dir, private
 
     if os.environ.get("NUMBA_CACHE_DIR"):
         return str(private(Path(os.environ["NUMBA_CACHE_DIR"]), NUMBA, fix="point NUMBA_CACHE_DIR at a folder "

@@ -58,7 +58,7 @@ def native_op_table() -> dict[str, NativeOpDef]:
 def library_op_table(level: str) -> dict[str, NativeOpDef]:
     """The ops the ahead-of-time ops library of ISA ``level`` holds: the families' ops (not those
     added by ``add_native_op``) whose ``min_level`` is ``level`` or below."""
-    from ortfuse.kernels.isa import ISA_LEVELS
+    from ortfuse.foundation.isa import ISA_LEVELS
 
     native_op_table()
     with _lock:

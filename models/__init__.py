@@ -4,7 +4,7 @@ Every model is IR version 8 with a dynamic ``batch`` dimension and seeded weight
 the same bytes every time. Most are opset 17 with float32 inputs; exporter-shaped ones declare their
 exporter's opset (the generator module's ``OPSET``) and may take integer inputs (``Spec.dtypes``).
 Outputs are float32. Nothing is committed to git: ``build``
-writes into the ``models`` folder of ortfuse's cache (``ortfuse.runtime.cache_paths``).
+writes into the ``models`` folder of ortfuse's cache (``ortfuse.foundation.cache_paths``).
 
     from ortfuse import models
     path = models.build("mlp_gemm_relu_gelu")        # <cache>/models/mlp_gemm_relu_gelu.onnx

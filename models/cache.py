@@ -3,7 +3,7 @@
 The record holds the file's sha256, size and the recipe digest it was built from; a file
 counts as cached only when all three match. Files are written to a temporary name and
 moved into place with ``os.replace``, and builds of one name are serialised with a file
-lock (``runtime.files.locked``), so parallel processes never read a half-written model.
+lock (``foundation.files.locked``), so parallel processes never read a half-written model.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ortfuse.runtime.cache_paths import MODELS, cache_dir
-from ortfuse.runtime.files import locked as locked_file
-from ortfuse.runtime.files import write_atomic
+from ortfuse.foundation.cache_paths import MODELS, cache_dir
+from ortfuse.foundation.files import locked as locked_file
+from ortfuse.foundation.files import write_atomic
 
 
 def model_path(name: str) -> Path:
@@ -61,7 +61,7 @@ def store(name: str, data: bytes, recipe: str) -> Path:
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``name``'s build (``runtime.files.locked``)."""
+    """Hold an exclusive lock on ``name``'s build (``foundation.files.locked``)."""
     path = model_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     with locked_file(path):

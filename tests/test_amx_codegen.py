@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ortfuse.kernels import isa
+from ortfuse.foundation import isa
 
 _SCRIPT = """
 import json

@@ -19,8 +19,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ortfuse.bench import inputs, output, protocol, run, sessions, stats
+from ortfuse.bench import inputs, output, run, sessions, stats
 from ortfuse.cli import bench as cli_bench
+from ortfuse.foundation import protocol
 
 RUNS, REPEATS = 3, 2
 STOCK = [name for name, cfg in sessions.CONFIGS.items() if cfg.stock]
@@ -220,21 +221,19 @@ def test_json_into_a_folder_is_named_after_models_and_date(bench_doc, tmp_path):
     assert output.result_path(doc, str(tmp_path / "given.json")) == str(tmp_path / "given.json")
 
 
-def test_protocol_and_memory_child_import_no_more_than_they_need():
-    """The timing protocol is a leaf (the tuner and tools/ import it, so no cycle bench <-> tune); the
-    tuner needs nothing else of the bench; the memory child makes its one session without the rest."""
+def test_the_tuner_and_the_memory_child_import_no_more_of_the_bench_than_they_need():
+    """The tuner imports nothing of the bench (the timing protocol it shares with the bench is
+    ``ortfuse.foundation.protocol``); the memory child makes its one session without the rest."""
     loaded = "sorted(m for m in sys.modules if m.startswith('ortfuse.bench'))"
     code = (
-        f"import sys; import ortfuse.bench.protocol; a = {loaded};"
-        f"import ortfuse.tune.tuner; b = {loaded};"
-        f"import ortfuse.bench.memory, ortfuse.bench.sessions; c = {loaded};"
-        "print(a, b, c, sep='|')"
+        f"import sys; import ortfuse.foundation.protocol, ortfuse.tune.tuner; a = {loaded};"
+        f"import ortfuse.bench.memory, ortfuse.bench.sessions; b = {loaded};"
+        "print(a, b, sep='|')"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120).stdout
-    a, b, c = (ast.literal_eval(part) for part in out.strip().split("|"))
-    assert a == ["ortfuse.bench", "ortfuse.bench.protocol"]
-    assert b == a
-    assert c == ["ortfuse.bench", "ortfuse.bench.memory", "ortfuse.bench.protocol", "ortfuse.bench.sessions"]
+    a, b = (ast.literal_eval(part) for part in out.strip().split("|"))
+    assert a == []
+    assert b == ["ortfuse.bench", "ortfuse.bench.memory", "ortfuse.bench.sessions"]
 
 
 # --------------------------------------------------------------------------- inputs, diffs, errors

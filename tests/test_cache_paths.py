@@ -1,6 +1,6 @@
 """Every cache ortfuse writes (zoo models, fused plans, tuning decisions, compiled kernels) lives under
 one root: ``$ORTFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ortfuse``, else ``~/.cache/ortfuse``
-(``ortfuse.runtime.cache_paths``), and no other module builds a cache folder of its own."""
+(``ortfuse.foundation.cache_paths``), and no other module builds a cache folder of its own."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import ortfuse
 from ortfuse import models
 from ortfuse.custom_ops import numba_setup
+from ortfuse.foundation import cache_paths
 from ortfuse.models import cache as model_cache
-from ortfuse.runtime import cache_paths, plan_cache
+from ortfuse.runtime import plan_cache
 from ortfuse.tune import tuner
 
 from model_fixtures import ffn_matmul_add_relu

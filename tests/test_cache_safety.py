@@ -20,7 +20,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import ortfuse
-from ortfuse.runtime import files, plan_cache
+from ortfuse.foundation import files
+from ortfuse.runtime import plan_cache
 
 from model_fixtures import ffn_matmul_add_relu
 
@@ -224,7 +225,7 @@ def test_a_refused_cache_still_fuses_and_leaves_it_untouched(tmp_path, monkeypat
 
 
 def test_a_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
-    from ortfuse.runtime import cache_paths
+    from ortfuse.foundation import cache_paths
 
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "theirs"))
     (tmp_path / "theirs").mkdir(mode=0o700)

@@ -150,7 +150,7 @@ def test_forced_isa_in_a_subprocess():
     """numba compiles for one ISA per process (docs/ARCHITECTURE.md §5): a subprocess with ORTFUSE_ISA=avx2 and
     avx2's numba target selects and runs avx2 kernels for every session of the zoo above, equal to
     stock ORT (max |diff| <= 1e-5)."""
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     if "avx2" not in isa.supported_isas():
         pytest.skip("this CPU has no AVX2")  # only on CPUs without AVX2, never on the CI machines

@@ -22,8 +22,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
+from ortfuse.foundation.session_options import TUNE_BUDGET_KEY, TUNE_KEY
 from ortfuse.runtime import live_tuning
-from ortfuse.runtime.session_options import TUNE_BUDGET_KEY, TUNE_KEY
 from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner
 from ortfuse.tune.decisions import Tuning
@@ -274,7 +274,7 @@ def test_off_mode_uses_cached_decisions_only(monkeypatch):
 @pytest.mark.parametrize("spelling, mode", [("0", "off"), ("False", "off"), ("no", "off"), ("on", "background"),
                                             ("sync", "sync"), ("", "background")])
 def test_mode_spellings(monkeypatch, spelling, mode):
-    from ortfuse.runtime.session_options import tune_mode
+    from ortfuse.foundation.session_options import tune_mode
 
     monkeypatch.setenv(tuner.ENV, spelling)
     assert tune_mode(None) == mode
@@ -472,7 +472,7 @@ def test_a_second_process_starts_fused(tmp_path):
 def test_the_tuning_measures_through_a_yielder_that_served_runs_reach(monkeypatch):
     """The tuner's runs and timings yield to this session's served runs: measuring sees the
     session's yielder installed, and a served run starting reaches it."""
-    from ortfuse.tune import yielding
+    from ortfuse.foundation import yielding
 
     seen: list = []
 
@@ -498,7 +498,7 @@ def test_the_tuning_measures_through_a_yielder_that_served_runs_reach(monkeypatc
 
 
 def test_a_starved_tuning_ends_on_stock_ort_and_says_so(monkeypatch):
-    from ortfuse.tune import yielding
+    from ortfuse.foundation import yielding
 
     def starved(*args, **kwargs):
         raise yielding.Starved("served runs left no idle window for one timed run in 200 attempts")

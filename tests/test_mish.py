@@ -34,10 +34,10 @@ import ortfuse
 from ortfuse.custom_ops.native import availability
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.custom_ops.vecmath import ulp_error
+from ortfuse.foundation import isa
 from ortfuse.fusion import catalogue
 from ortfuse.fusion.report import FUSED, REJECTED
 from ortfuse.fusion.rules import mish as rule
-from ortfuse.kernels import isa
 
 from pattern_graphs import CPU, run_ortfuse, run_stock, tolerance
 
@@ -190,7 +190,7 @@ import json, numpy as np
 from ortfuse.custom_ops.numba_setup import configure_numba
 configure_numba()
 from ortfuse.custom_ops.native.ops import mish as M
-from ortfuse.kernels import isa
+from ortfuse.foundation import isa
 x = np.linspace(-30, 30, 4099, dtype=np.float32)
 y = np.empty_like(x)
 M.mish_span(x, y, 0, x.size)

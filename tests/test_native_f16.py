@@ -197,7 +197,7 @@ def test_float16_kernels_in_every_isa_variant(level):
     import subprocess
     import sys
 
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     if level not in isa.supported_isas():
         pytest.skip(f"this CPU cannot run the {level} variant")

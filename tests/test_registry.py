@@ -60,7 +60,7 @@ def test_amx_kernel_selected_only_where_the_cpu_reports_amx(monkeypatch, overrid
     """Selection logic with an overridden feature set: an AMX kernel (a test-only entry of another
     dtype; the real one, FusedGemmActBf16, is tested in test_amx.py) is chosen on an AMX CPU, and on
     others the reason names what this CPU has."""
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     monkeypatch.setenv("ORTFUSE_ISA", override)
     monkeypatch.setattr(registry, "_amx_unavailable_reason", lambda: None)  # as on an AMX host that grants it
@@ -163,7 +163,7 @@ def test_no_native_preference_never_picks_a_kernel_that_needs_native_ops():
 
 
 def test_target_level_is_what_numba_compiles_for():
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     for level in isa.KERNEL_ISAS:
         assert isa.target_level(*isa.numba_env(level).values()) == level, level
@@ -177,7 +177,8 @@ def test_target_level_is_what_numba_compiles_for():
 
 LABEL_PROBE = """
 import json, os
-from ortfuse.kernels import isa, registry
+from ortfuse.foundation import isa
+from ortfuse.kernels import registry
 import ortfuse
 from model_fixtures import ffn_matmul_add_relu
 sel = registry.select("FusedAddRelu", prefer="native")
@@ -206,7 +207,7 @@ def test_isa_override_never_labels_host_code_generic():
     """ORTFUSE_ISA=generic without numba's variables: numba compiles for the host, so no label says
     "generic": the native kernels are the host's build, which the pretended CPU lacks, so they are
     not chosen (the reason names their ISA); what runs is labelled truthfully."""
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     if not registry._native_ops():
         pytest.skip("the native path is unavailable in this process")
@@ -222,7 +223,7 @@ def test_isa_override_never_labels_host_code_generic():
 @pytest.mark.slow  # a fresh process imports ortfuse and lists the native ops (about 5 s)
 def test_numba_target_names_the_label():
     """numba_env("avx2") (an AVX2 build, on a CPU that has AVX2): the native label says avx2."""
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     if not registry._native_ops():
         pytest.skip("the native path is unavailable in this process")

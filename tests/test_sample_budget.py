@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortfuse
+from ortfuse.foundation.session_options import DIMS_KEY, TUNE_KEY
 from ortfuse.ir import feeds
-from ortfuse.runtime.session_options import DIMS_KEY, TUNE_KEY
 from ortfuse.tune import tuner as tune
 
 BUDGET = feeds.SAMPLE_BUDGET_BYTES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ortfuse.runtime import source_digest
+from ortfuse.foundation import source_digest
 
 
 def _tree(tmp_path):

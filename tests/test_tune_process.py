@@ -14,8 +14,8 @@ import onnxruntime
 import pytest
 
 import ortfuse
+from ortfuse.foundation import child_process, yielding
 from ortfuse.runtime import live_tuning, planning, tune_process
-from ortfuse.tune import kernel_compile, yielding
 from ortfuse.tune import tuner as tune
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
@@ -87,14 +87,14 @@ def test_a_failing_tuning_process_leaves_stock_ort_and_says_why(monkeypatch):
     for i in range(live_tuning.SAMPLE_RUNS):
         session.run(None, ffn_inputs(seed=i))
     assert session.wait_tuned(WAIT_S)
-    if kernel_compile.stoppable():
+    if child_process.stoppable():
         assert session.fusion_status == "stock ORT: the tuning process failed (simulated)", session.fusion_status
     assert not session.fusion_report.applied
     np.testing.assert_allclose(session.run(None, ffn_inputs())[0], _stock(model, ffn_inputs())[0], **TOL)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+@pytest.mark.skipif(not child_process.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
 def test_the_process_tunes_beside_served_runs_and_the_session_swaps_without_parsing(monkeypatch):
     """Real timings, so the verdict may go either way; whichever it is, the status says it, the
     process was stopped for served runs, the serving thread never parsed the model, and every
@@ -166,7 +166,7 @@ def _served_until_tuned(session, model) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+@pytest.mark.skipif(not child_process.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
 def test_the_process_checks_the_plan_and_the_serving_process_only_warms_it(child_wins):
     """The tuning process runs the plan beside stock ORT on every recorded feed; the serving process
     builds the new C session, warms it with one run and swaps, with no stock runs of its own."""
@@ -181,7 +181,7 @@ def test_the_process_checks_the_plan_and_the_serving_process_only_warms_it(child
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+@pytest.mark.skipif(not child_process.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
 def test_outputs_the_process_finds_different_keep_stock_ort_and_say_why(child_wins, monkeypatch):
     monkeypatch.setenv("ORTFUSE_TEST_OUTPUTS_DIFFER", "1")
     model = ffn_matmul_add_relu()
@@ -195,7 +195,7 @@ def test_outputs_the_process_finds_different_keep_stock_ort_and_say_why(child_wi
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not kernel_compile.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
+@pytest.mark.skipif(not child_process.stoppable(), reason="no SIGSTOP on this platform: the thread tunes")
 def test_a_plan_the_process_cannot_cache_is_handed_over_not_made_again_here(child_wins, monkeypatch):
     """Decisions that are not final (a spent budget) are not cached, so the plan is not either: the
     tuning process hands the plan's file over, and the serving process neither parses nor fuses

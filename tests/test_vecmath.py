@@ -27,7 +27,7 @@ from ortfuse.custom_ops.vecmath import (
     tanh_f32,
     ulp_error,
 )
-from ortfuse.kernels import isa
+from ortfuse.foundation import isa
 
 F32 = np.float32
 

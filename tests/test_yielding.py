@@ -1,4 +1,4 @@
-"""Tuning runs and timings that yield to served runs (ortfuse.tune.yielding, ortfuse.tune.kernel_compile,
+"""Tuning runs and timings that yield to served runs (ortfuse.foundation.yielding, ortfuse.tune.kernel_compile,
 their use by ortfuse.runtime.live_tuning): a served run aborts the tuning run in flight, which runs
 again once the session is idle; a timing a served run overlapped is discarded and taken again; a
 tuning that never finds an idle window ends and says so; the kernel-compiling child is stopped
@@ -19,8 +19,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortfuse.bench import protocol
-from ortfuse.tune import yielding
+from ortfuse.foundation import protocol, yielding
 
 WAIT_S = 60
 
@@ -273,11 +272,12 @@ def test_the_tuning_children_run_at_idle_priority_from_their_first_instruction(m
     meanwhile: both children are started through ``idle_argv``."""
     import shutil
 
+    from ortfuse.foundation import child_process
     from ortfuse.runtime import tune_process
     from ortfuse.tune import kernel_compile
 
     probe = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
-    argv = kernel_compile.idle_argv(probe)
+    argv = child_process.idle_argv(probe)
     if shutil.which("chrt") is None:  # the child lowers itself once its imports are done
         assert argv == probe
     else:
@@ -300,7 +300,7 @@ def test_the_tuning_children_run_at_idle_priority_from_their_first_instruction(m
     fused = ortfuse.fuse(ffn_matmul_add_relu())[0]
     assert kernel_compile.needs_kernels(fused)
     assert "did not start (refused)" in kernel_compile.compile_kernels(fused)
-    prefix = kernel_compile.idle_argv([sys.executable])  # the scheduler wrapper first, then Python
+    prefix = child_process.idle_argv([sys.executable])  # the scheduler wrapper first, then Python
     assert len(started) == 2
     for args, module in zip(started, ["ortfuse.runtime.tune_process", "ortfuse.tune.kernel_compile"]):
         assert args[:len(prefix)] == prefix and "-P" in args and module in args, args

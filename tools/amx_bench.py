@@ -3,7 +3,7 @@ MatMul + Add + Relu subgraph at ORT_ENABLE_ALL (ORT fuses it into Gemm/FusedGemm
 
 Configurations per shape and thread count: ``ort`` (stock), ``ort_control`` (a second stock session:
 the A/A noise floor of the same run) and ``amx`` (ortfuse with ``ortfuse.precision=bf16``; its
-report must name the AMX kernel). Single runs interleaved with ``ortfuse.bench.protocol.measure``
+report must name the AMX kernel). Single runs interleaved with ``ortfuse.foundation.protocol.measure``
 (A B C C B A and Williams-rotated rounds), intra-op spinning off for all, ``--repeats`` repeats,
 medians (docs/ARCHITECTURE.md §8). ``--json PATH`` writes the raw latencies, protocol, environment
 (load average before and after) and the table's rows, by convention to
@@ -27,8 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
 from ortfuse.bench.environment import environment, load_average
-from ortfuse.bench.protocol import measure, p50_per_repeat, ratio
-from ortfuse.runtime.files import write_atomic
+from ortfuse.foundation.files import write_atomic
+from ortfuse.foundation.protocol import measure, p50_per_repeat, ratio
 
 WARMUP = 3
 DEFAULT_SHAPES = "1x1024x1024,64x1024x1024,1x4096x4096,64x4096x4096,64x512x1024,1024x1024x1024"

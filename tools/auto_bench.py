@@ -31,7 +31,7 @@ Phases:
    requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and records what it
    returned and when; each request is labelled by auto's state when it arrived (``recording``,
    ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone;
-2. interleaved (``ortfuse.bench.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
+2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
    ``--runs`` passes, no gap): stock, the A/A stock session, the tuned auto session and a
    ``fusion=True`` session and a second ``fusion=True`` session (the fused A/A control: the same plan
    in another session); each ratio is the median over repeats of p50 / stock p50.
@@ -106,9 +106,9 @@ def child(name: str, args) -> dict:
 
     import ortfuse
     import ortfuse.models as zoo
-    from ortfuse.bench import protocol
     from ortfuse.bench.environment import environment
-    from ortfuse.runtime.session_options import measuring_options
+    from ortfuse.foundation import protocol
+    from ortfuse.foundation.session_options import measuring_options
 
     env_before = environment()
     path = zoo.resolve(name)
@@ -239,7 +239,7 @@ def child(name: str, args) -> dict:
 
 def run_child(name: str, args) -> dict:
     from ortfuse.custom_ops.aot.library import library_path
-    from ortfuse.runtime.cache_paths import NUMBA, cache_dir
+    from ortfuse.foundation.cache_paths import NUMBA, cache_dir
 
     env = {**os.environ, "ORTFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="ortfuse-auto-bench-")}
     env.setdefault("NUMBA_CACHE_DIR", str(cache_dir(NUMBA)))

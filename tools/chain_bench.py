@@ -3,7 +3,7 @@
     python tools/chain_bench.py [--chain tanh|relu] [--sizes 16777216 65536] [--runs 15] [--repeats 5]
 
 Chain: Y = act(X * 1.702 + b) * 0.5, b of the last dim (1024), act = Tanh or Relu. Protocol of
-``ortfuse.bench.protocol`` (docs/ARCHITECTURE.md §8): single runs interleaved (A B B A,
+``ortfuse.foundation.protocol`` (docs/ARCHITECTURE.md §8): single runs interleaved (A B B A,
 Williams-rotated for three configurations), a median per repeat, the ratio the median over repeats;
 ``ort_control`` is a second stock session, the A/A noise floor of the same run. The stock sessions
 run at ORT_ENABLE_ALL, every session with ORT's threads and spinning.
@@ -22,8 +22,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
-from ortfuse.bench.protocol import measure, p50_per_repeat, ratio
-from ortfuse.runtime.session_options import make_options
+from ortfuse.foundation.protocol import measure, p50_per_repeat, ratio
+from ortfuse.foundation.session_options import make_options
 
 WIDTH = 1024
 

@@ -82,7 +82,7 @@ def child(model_path: str, fusion: str, threads: int) -> dict:
 
     import ortfuse
     t_import = time.perf_counter() - t0
-    from ortfuse.runtime.session_options import TUNE_KEY, make_options
+    from ortfuse.foundation.session_options import TUNE_KEY, make_options
 
     def options():  # auto-sync: auto tuned at creation (the measuring counts); auto: the default, background
         so = make_options("ORT_ENABLE_ALL", threads=threads)

@@ -30,7 +30,7 @@ do not apply).
 
 Output: ``DIR/bert-L<layers>-<weights>[-eager]-torchscript-opset14.onnx`` and/or
 ``...-dynamo-opset18.onnx`` (default DIR: ``<cache>/models/export/``, the cache of
-``ortfuse.runtime.cache_paths``), each with a ``doc_string`` naming the command, torch and
+``ortfuse.foundation.cache_paths``), each with a ``doc_string`` naming the command, torch and
 transformers versions. The committed test fixtures (tests/fixtures/README.md) were made with::
 
     python tools/export_encoder.py --layers 2 --vocab 1000 --max-position 128 --intermediate 384 \\
@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from ortfuse.runtime.cache_paths import MODELS, cache_dir
+from ortfuse.foundation.cache_paths import MODELS, cache_dir
 
 # all-MiniLM-L6-v2 (sentence-transformers), as BertConfig fields
 MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,

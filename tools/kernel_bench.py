@@ -11,7 +11,7 @@ Usage::
 Main table (default): the native custom ops as users run them. For each case, size and intra-op
 thread count, three ORT sessions run in the same process with the same thread count, each by IO
 binding into a preallocated output, single runs interleaved (docs/ARCHITECTURE.md §8,
-``ortfuse.bench.protocol``: Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
+``ortfuse.foundation.protocol``: Williams-rotated ``A B C C B A`` rounds), ``--repeats`` times:
 
 - ``ort``: the unfused subgraph (HardSwish as Add->Clip->Div->Mul, SiLU as Sigmoid->Mul, MatMul+Add
   +activation, ...) at ORT_ENABLE_ALL (ORT's own fusions apply);
@@ -65,15 +65,15 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ortfuse.bench.protocol import measure, ratio
 from ortfuse.custom_ops.native import threads as native_threads
 from ortfuse.custom_ops.numba_setup import configure_numba
 from ortfuse.custom_ops.registration import native_op_table, native_unavailable_reason, register_native
+from ortfuse.foundation.protocol import measure, ratio
 
 configure_numba()  # before kernels.eltwise is imported: it starts numba's threads
 from ortfuse.custom_ops.kernels import eltwise as E
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.runtime.session_options import make_options
+from ortfuse.foundation.session_options import make_options
 
 from bench_graphs import _const, _model, act_nodes
 from copy_loops import _copy, _nt_copy, _par_copy, _par_nt_copy, copy_bandwidth
@@ -351,7 +351,7 @@ def matmul_peak(threads: int, args, dim: int = MATMUL_PEAK_DIM) -> float:
 
 def compare_native(unfused, fused, op_type: str, feeds, out_shape, threads: int, args, extra=None) -> dict:
     """Stock ORT on ``unfused`` (and its A/A copy) against ORT running ``fused`` with the native
-    ``op_type``, interleaved single runs (``ortfuse.bench.protocol.measure``) with the ``extra`` runners
+    ``op_type``, interleaved single runs (``ortfuse.foundation.protocol.measure``) with the ``extra`` runners
     (copies) in the same rounds; latencies in ms (``extra_ms``: the extra runners' medians)."""
     dtype = next(iter(feeds.values())).dtype  # float32, or float16 for the _f16 cases
     outs = {k: np.empty(out_shape, dtype) for k in ("ort", "ort_aa", "fused")}

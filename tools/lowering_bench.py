@@ -21,7 +21,7 @@ run of the group model costs what those subgraphs cost in the whole model. Each 
   serves it, each the group rewritten by ``ortfuse.fuse(group, kernels=...)`` and run by
   ``ortfuse.InferenceSession`` at ORT_ENABLE_ALL.
 
-Single runs interleaved (``A B .. B A``, Williams-rotated; docs/ARCHITECTURE.md §8, ``ortfuse.bench.protocol``),
+Single runs interleaved (``A B .. B A``, Williams-rotated; docs/ARCHITECTURE.md §8, ``ortfuse.foundation.protocol``),
 ``--repeats`` times; printed per configuration: p50 ms and ``config/ort`` (median over repeats of
 the per-repeat p50 ratio), beside the A/A ratio. Every configuration's outputs are first checked
 against the group run by stock ORT at ORT_DISABLE_ALL (max |diff| printed). ORT sessions run with
@@ -50,8 +50,8 @@ import onnxruntime as ort
 
 import ortfuse
 from ortfuse import models
-from ortfuse.bench.protocol import measure, ratio
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.foundation.protocol import measure, ratio
 from ortfuse.fusion import catalogue
 from ortfuse.fusion.catalogue import spec_for_op_type
 from ortfuse.fusion.rewrite import fuse

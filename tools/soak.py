@@ -94,7 +94,7 @@ def main(argv=None) -> int:
 
     import ortfuse
     from ortfuse import models
-    from ortfuse.runtime.session_options import make_options
+    from ortfuse.foundation.session_options import make_options
 
     path = str(models.build(args.model))
     so = make_options(threads=args.threads)

@@ -69,7 +69,7 @@ def probe(name: str, rounds: int, threads: int) -> dict:
     from onnxruntime.capi import _pybind_state as C
 
     import ortfuse.models as zoo
-    from ortfuse.runtime.session_options import measuring_options
+    from ortfuse.foundation.session_options import measuring_options
 
     path = zoo.resolve(name)
     data = Path(path).read_bytes()

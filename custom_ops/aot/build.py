@@ -1,6 +1,6 @@
 """Build the ops library: ``python -m ortfuse.custom_ops.aot.build --isa LEVEL --key KEY --out PATH``.
 
-Run as its own process with numba targeting the ISA level (``kernels.isa.numba_env``) and an empty
+Run as its own process with numba targeting the ISA level (``foundation.isa.numba_env``) and an empty
 numba cache (``NUMBA_CACHE_DIR``): ``library.build`` starts it so. Steps (docs/ARCHITECTURE.md §6b):
 
 1. the units: every native op's compute and worker (``registration.library_op_table``: the
@@ -101,7 +101,7 @@ def compile_cost(fn, seen: set | None = None) -> int:
 def _compile_unit(job: tuple[int, str, str]) -> list[str]:
     """In a worker process: unit ``index`` into the object file ``out``; returns its undefined symbols."""
     from ortfuse.custom_ops.aot.objects import build_object
-    from ortfuse.kernels.isa import numba_env
+    from ortfuse.foundation.isa import numba_env
 
     index, isa, out = job
     env = numba_env(isa)
@@ -137,7 +137,7 @@ def build(out_path: str, isa: str, key: str, jobs: int, version: str = "") -> di
     from ortfuse.custom_ops.native.threads import DEFAULT_PARALLEL_MIN
     from ortfuse.custom_ops.registration import library_op_table
     from ortfuse.custom_ops.specs import DOMAIN
-    from ortfuse.kernels.isa import ISA_LEVELS
+    from ortfuse.foundation.isa import ISA_LEVELS
 
     t0 = time.perf_counter()
     all_units = units(isa)

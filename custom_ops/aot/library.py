@@ -18,7 +18,7 @@ version is refused with the reason. A refused cache folder (``cache_paths``) hol
 
 ``library_path(build_missing=True)`` builds a missing library in a child process (``aot.build``:
 numba compiles every native op for the level, a C toolchain links them), one build at a time per
-file (``runtime.files.locked``), and returns its path; ``loaded()`` returns the library already on
+file (``foundation.files.locked``), and returns its path; ``loaded()`` returns the library already on
 disk, loaded once per process, or None (it never builds: the native runtime then compiles in-process
 as before, says so once, and ``build_in_background`` starts the build for the next processes).
 """
@@ -35,10 +35,11 @@ import mmap
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
+
+from ortfuse.foundation.child_process import python_argv
 
 log = logging.getLogger("ortfuse.native")
 
@@ -60,7 +61,7 @@ def disabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """A digest of every ``.py`` file of ``ortfuse.custom_ops`` (what the library is compiled from)."""
-    from ortfuse.runtime.source_digest import tree_digest
+    from ortfuse.foundation.source_digest import tree_digest
 
     return tree_digest([_PACKAGE_DIR])
 
@@ -68,15 +69,15 @@ def source_digest() -> str:
 def level() -> str:
     """The ISA level the library is built for: the one the in-process path compiles for (the host's,
     or numba's ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` target), so kernel labels are the same."""
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     return isa.target_level(*isa.numba_target())
 
 
 def key(isa_level: str | None = None) -> str:
     """The library's key on this machine: CPU fingerprint, level, sources and versions."""
-    from ortfuse.kernels import isa
-    from ortfuse.runtime.versions import installed
+    from ortfuse.foundation import isa
+    from ortfuse.foundation.versions import installed
 
     versions = installed(("ortfuse", "onnxruntime", "numba", "llvmlite"))
     text = json.dumps([isa.fingerprint(), isa_level or level(), source_digest(), versions], sort_keys=True)
@@ -86,7 +87,7 @@ def key(isa_level: str | None = None) -> str:
 def version() -> str:
     """What a library built on any machine must carry to be loaded by this ortfuse: the sources and
     versions of ``key`` without the CPU and level (``ortfuse ops-library --out`` builds for others)."""
-    from ortfuse.runtime.versions import installed
+    from ortfuse.foundation.versions import installed
 
     versions = installed(("ortfuse", "onnxruntime", "numba", "llvmlite"))
     return hashlib.sha256(json.dumps([source_digest(), versions], sort_keys=True).encode()).hexdigest()[:20]
@@ -113,8 +114,8 @@ def _record(path: Path) -> Path:
 def refusal(path: Path, configured: bool) -> str:
     """Why the library file ``path`` must not be loaded ("" when it may), decided before it is opened
     (see the module docstring); ``configured``: named by ``ORTFUSE_OPS_LIBRARY``."""
-    from ortfuse.runtime.cache_paths import not_owned
-    from ortfuse.runtime.files import content_digest
+    from ortfuse.foundation.cache_paths import not_owned
+    from ortfuse.foundation.files import content_digest
 
     try:
         st = os.stat(path)
@@ -144,7 +145,7 @@ def refusal(path: Path, configured: bool) -> str:
 
 
 def default_path(isa_level: str | None = None) -> Path:
-    from ortfuse.runtime.cache_paths import OPS, cache_dir
+    from ortfuse.foundation.cache_paths import OPS, cache_dir
 
     lv = isa_level or level()
     return cache_dir(OPS) / f"libortfuse_ops-{lv}-{key(lv)}.so"
@@ -191,8 +192,8 @@ def build(path: Path | None = None, isa_level: str | None = None, jobs: int | No
     with the reason when it fails."""
     import tempfile
 
-    from ortfuse.kernels.isa import numba_env
-    from ortfuse.runtime.files import FILE_MODE, content_digest, write_atomic
+    from ortfuse.foundation.files import FILE_MODE, content_digest, write_atomic
+    from ortfuse.foundation.isa import numba_env
 
     lv = isa_level or level()
     path = Path(os.path.abspath(path if path is not None else default_path(lv)))  # the child runs elsewhere
@@ -222,16 +223,10 @@ def build(path: Path | None = None, isa_level: str | None = None, jobs: int | No
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def python_argv() -> list[str]:
-    """This interpreter, told not to put the working directory (or a script's folder) on the path
-    (``-P``, Python 3.11+; before that the caller starts the child in a folder of its own)."""
-    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
-
-
 def library_path(build_missing: bool = True) -> Path:
     """Path of this machine's ops library, built first when missing or refused (``build_missing``);
     LibraryError when it is disabled, missing, refused (a configured file) or cannot be built."""
-    from ortfuse.runtime.files import locked
+    from ortfuse.foundation.files import locked
 
     if disabled():
         raise LibraryError(f"the ops library is disabled by {ENV}")
@@ -268,7 +263,7 @@ def build_in_background() -> bool:
     (``python -m ortfuse ops-library``), so that later processes load it; this process keeps
     compiling in-process. Not when a library path is configured, the library is disabled or the
     cache folder was refused. True when a build was started."""
-    from ortfuse.runtime.cache_paths import in_scratch
+    from ortfuse.foundation.cache_paths import in_scratch
 
     if os.environ.get(ENV, "").strip() or _state.get("background") or in_scratch(default_path()):
         return False

@@ -54,7 +54,7 @@ class NativeOpDef:
     """``node_attrs(spec_attrs) -> dict``: the attributes this kernel reads, made by the rewriter from
     the match's spec attributes when it picks this kernel (ValueError: this kernel cannot run it)."""
     min_level: str = "generic"
-    """The lowest ISA level (``kernels.isa.ISA_LEVELS``) whose ops library holds this op: one whose
+    """The lowest ISA level (``foundation.isa.ISA_LEVELS``) whose ops library holds this op: one whose
     instructions no CPU below that level has (AMX tiles come only with AVX-512) is not compiled into
     lower levels' libraries."""
 

@@ -1,8 +1,7 @@
-"""``ortfuse bench`` and the timing protocol every ortfuse measurement follows (docs/ARCHITECTURE.md §8).
+"""``ortfuse bench``: stock ORT against ortfuse on one model, by the timing protocol every ortfuse
+measurement follows (``ortfuse.foundation.protocol``; docs/ARCHITECTURE.md §8).
 
     sessions     the configurations compared and the timed session each one makes
-    protocol     interleaved single runs, repeats, per-repeat ratios (standard library only: a leaf
-                 helper the tuner and tools/ import)
     inputs       the model to run (.onnx path or zoo name) and its seeded inputs
     stats        statistics, ratios, the A/A noise band and verdicts, output differences
     environment  machine, load, versions, quiet thread pools
@@ -11,6 +10,5 @@
     output       header, tables, the JSON result file
     plot         latency histograms (matplotlib, optional)
 
-The command line is ``ortfuse.cli.bench``. This file imports nothing, so importing
-``ortfuse.bench.protocol`` costs only that module.
+The command line is ``ortfuse.cli.bench``.
 """

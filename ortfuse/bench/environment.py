@@ -61,7 +61,7 @@ def environment() -> dict:
     import psutil
 
     import ortfuse
-    from ortfuse.kernels.isa import KNOWN_FEATURES, cpu_model, host_features
+    from ortfuse.foundation.isa import KNOWN_FEATURES, cpu_model, host_features
 
     try:
         usable = len(os.sched_getaffinity(0))

@@ -86,7 +86,7 @@ class OrtTransformersSession:
         from onnxruntime.transformers.fusion_options import FusionOptions
         from onnxruntime.transformers.optimizer import optimize_model
 
-        from ortfuse.runtime.session_options import DEFAULT_SPINNING, measuring_options
+        from ortfuse.foundation.session_options import DEFAULT_SPINNING, measuring_options
 
         proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
         self.num_heads, self.hidden_size = encoder_dims(proto)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from ortfuse.bench import protocol
 from ortfuse.bench.environment import QUIET_THREADS_ENV, environment, load_average, quiet_threads_active
 from ortfuse.bench.inputs import BenchError, ModelSource, file_batch, make_inputs, resolve_model, tune_dims, zoo
 from ortfuse.bench.memory import measure_in_subprocess
@@ -29,6 +28,7 @@ from ortfuse.bench.sessions import (
     make_session,
 )
 from ortfuse.bench.stats import max_abs_diff, max_rel_diff, summarize
+from ortfuse.foundation import protocol
 
 # Defaults of the timing protocol.
 DEFAULT_REPEATS = 5

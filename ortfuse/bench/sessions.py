@@ -11,7 +11,7 @@ Every configuration is its own session on the same model and inputs, on the CPU 
     openvino_f32       OpenVINO's CPU plugin, float32 forced (``--peer openvino``; ``ortfuse.bench.peers``)
     ort_transformers   ORT's transformer optimizer (model_type bert), then ORT_ENABLE_ALL (``--peer ort-transformers``)
 
-Sessions are built with ``measuring_options`` (ortfuse.runtime.session_options), the same options
+Sessions are built with ``measuring_options`` (ortfuse.foundation.session_options), the same options
 ``ortfuse tune`` times with. This module imports neither onnxruntime nor ortfuse until a session is
 made, so the memory child (``ortfuse.bench.memory``) makes its one session without the rest of the bench.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortfuse.runtime.session_options import DEFAULT_SPINNING, DIMS_KEY, TUNE_KEY, measuring_options
+from ortfuse.foundation.session_options import DEFAULT_SPINNING, DIMS_KEY, TUNE_KEY, measuring_options
 
 
 @dataclass(frozen=True)

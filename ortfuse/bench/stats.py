@@ -8,8 +8,8 @@ import statistics
 
 import numpy as np
 
-from ortfuse.bench import protocol
 from ortfuse.bench.sessions import BASELINE, CONTROL
+from ortfuse.foundation import protocol
 
 
 def max_abs_diff(outputs, reference) -> float:

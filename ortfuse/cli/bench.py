@@ -21,7 +21,7 @@ them; stock ORT runs them once before any timing, and a model that rejects them 
 one sentence saying how to fix it.
 
 All configurations (``ortfuse.bench.sessions``) run in one process, each as its own session on the same
-model and inputs, timed by the protocol of docs/ARCHITECTURE.md §8 (``ortfuse.bench.protocol``):
+model and inputs, timed by the protocol of docs/ARCHITECTURE.md §8 (``ortfuse.foundation.protocol``):
 single runs interleaved in the rounds of a Williams design, warm-up first, the whole comparison
 repeated, each ratio the median over repeats of p50(config) / p50(ort_enable_all), printed beside the
 A/A control ratio of the same run. ORT's idle pool threads spin and take a core from whichever session

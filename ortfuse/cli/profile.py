@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ortfuse.cli.verify import add_input_arguments, command_inputs, default_patterns
+from ortfuse.foundation.session_options import make_options
 from ortfuse.layout import provenance
-from ortfuse.runtime.session_options import make_options
 
 CPU = ["CPUExecutionProvider"]
 FUSED, ENABLE_ALL, DISABLE_ALL = "fused", "ort_enable_all", "ort_disable_all"

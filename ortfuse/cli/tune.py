@@ -41,9 +41,9 @@ def run(args) -> int:
     import onnxruntime as ort
 
     from ortfuse import models
+    from ortfuse.foundation.session_options import make_options
     from ortfuse.fusion.catalogue import UnknownPatternError
     from ortfuse.ir import feeds, model_args
-    from ortfuse.runtime.session_options import make_options
     from ortfuse.tune import tuner as tune
 
     try:

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ortfuse.foundation.session_options import make_options
 from ortfuse.ir.feeds import DEFAULT_DIM
-from ortfuse.runtime.session_options import make_options
 
 if TYPE_CHECKING:  # onnx is imported where a model is parsed
     import onnx

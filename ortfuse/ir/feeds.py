@@ -488,7 +488,7 @@ def check_feeds(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray], n
     ``rejected``) when the run raises; ``FeedError`` when ORT cannot even load the model."""
     import onnxruntime as ort
 
-    from ortfuse.runtime.session_options import make_options
+    from ortfuse.foundation.session_options import make_options
 
     so = make_options("ORT_DISABLE_ALL")
     so.log_severity_level = 4  # ORT would log the error it raises; the caller prints one sentence instead

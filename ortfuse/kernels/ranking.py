@@ -4,7 +4,7 @@
 selection of every ``fuse`` reads it, and the registry's static priorities order only what no
 measurement covers.
 
-One JSON file per CPU fingerprint in ``<cache>/tuning/`` (``ortfuse.runtime.cache_paths``):
+One JSON file per CPU fingerprint in ``<cache>/tuning/`` (``ortfuse.foundation.cache_paths``):
 ``{"format", "key": {cpu, versions}, "classes": {"<op>|<variant>|<dtype>": {"order": [...], ...}}}``;
 a file written for other versions is ignored. ``ORTFUSE_RANKING=off`` ignores the file (the static
 table alone). Kernel ids: ``native``, ``reference``, ``lowered:<form>``, ``ort``.
@@ -18,10 +18,10 @@ import json
 import os
 from pathlib import Path
 
-from ortfuse.kernels import isa
-from ortfuse.runtime.cache_paths import TUNING, cache_dir
-from ortfuse.runtime.files import locked, write_atomic
-from ortfuse.runtime.versions import installed
+from ortfuse.foundation import isa
+from ortfuse.foundation.cache_paths import TUNING, cache_dir
+from ortfuse.foundation.files import locked, write_atomic
+from ortfuse.foundation.versions import installed
 
 FORMAT = 1
 ENV = "ORTFUSE_RANKING"

@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortfuse.custom_ops.native import layout as _native_layout
+from ortfuse.foundation import isa as _isa
+from ortfuse.foundation.session_options import PRECISION_OPTION  # sessions: the config entry (wins over the env)
 from ortfuse.fusion import catalogue
-from ortfuse.kernels import isa as _isa
-from ortfuse.runtime.session_options import PRECISION_OPTION  # sessions: the config entry (wins over the env)
 
 NATIVE, REFERENCE, LOWERED = "native", "reference", "lowered"
 PATHS = (NATIVE, LOWERED, REFERENCE)

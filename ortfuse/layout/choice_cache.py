@@ -2,13 +2,13 @@
 layout op's probe model beat ORT's form of it on this CPU, so that every process on the machine plans
 the same layout and times a probe once.
 
-One JSON file per key in ``<cache>/tuning/`` (``ortfuse.runtime.cache_paths``):
+One JSON file per key in ``<cache>/tuning/`` (``ortfuse.foundation.cache_paths``):
 ``{"format", "key": {cpu, versions, kernels}, "choices": {"<probe digest>": {"native", "ratios"}}}``.
 The key is this CPU's fingerprint, the installed versions (ortfuse, onnxruntime, numba, extensions)
 and a digest of the kernels' sources (``ortfuse.custom_ops``): a new kernel, ORT or CPU times its
 probes again. A probe's digest covers both probe models, the ops registered for each, the input
 shapes, the thread count and the margin. ``ORTFUSE_LAYOUT_CHOICES=off`` neither reads nor writes the
-file. Writes merge with the file on disk under a lock (``runtime.files.locked``) and replace it
+file. Writes merge with the file on disk under a lock (``foundation.files.locked``) and replace it
 atomically, so two processes writing at once keep both's entries.
 """
 
@@ -20,8 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from ortfuse.runtime.cache_paths import TUNING, cache_dir
-from ortfuse.runtime.files import locked, write_atomic
+from ortfuse.foundation.cache_paths import TUNING, cache_dir
+from ortfuse.foundation.files import locked, write_atomic
 
 FORMAT = 1
 ENV = "ORTFUSE_LAYOUT_CHOICES"
@@ -35,8 +35,8 @@ def enabled() -> bool:
 def key() -> dict:
     """What the choices hold for: this CPU, the installed versions, the kernels' sources."""
     from ortfuse.custom_ops.aot.library import source_digest
-    from ortfuse.kernels import isa
-    from ortfuse.runtime.versions import installed
+    from ortfuse.foundation import isa
+    from ortfuse.foundation.versions import installed
 
     return {"cpu": isa.fingerprint(), "versions": dict(installed()), "kernels": source_digest()}
 

@@ -2,8 +2,8 @@
 ortfuse's native op, run interleaved at the session's thread count (docs/ARCHITECTURE.md §9).
 
 The native form is chosen when its p50 is below ``margin`` times ORT's in every one of ``REPEATS``
-repeats (``ortfuse.bench.protocol``'s interleaved single runs; in a live tuning, timings no served
-run overlapped, ``ortfuse.tune.yielding``): the choice is kept for the machine
+repeats (``ortfuse.foundation.protocol``'s interleaved single runs; in a live tuning, timings no served
+run overlapped, ``ortfuse.foundation.yielding``): the choice is kept for the machine
 (``layout.choice_cache``), so it rests on evidence that the machine's noise does not flip from one
 process to the next. A shape near the margin stays with ORT. ``python tools/auto_bench.py --models
 resnet50_const --passes 3`` shows the plans fresh processes make.
@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ortfuse.bench import protocol
+from ortfuse.foundation import protocol, yielding
 from ortfuse.layout import choice_cache
-from ortfuse.tune import yielding
 
 RUNS = 6  # timed runs of each form per repeat, after one warm-up pass
 REPEATS = 3
@@ -56,8 +55,8 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
     """Each repeat's p50 ratio, native / stock; None when the native ops cannot be registered here."""
     import onnxruntime as ort
 
+    from ortfuse.foundation.session_options import measuring_options
     from ortfuse.runtime.op_registration import with_custom_ops
-    from ortfuse.runtime.session_options import measuring_options
 
     level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so, why_not = with_custom_ops(measuring_options(level, threads=threads), native_ops, python_ops=False)

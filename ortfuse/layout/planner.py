@@ -49,8 +49,8 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     model before fusion, whose shapes name the tensors around the reorders (fused ops have none)."""
     import onnxruntime as ort
 
+    from ortfuse.foundation.session_options import make_options
     from ortfuse.runtime.op_registration import with_custom_ops
-    from ortfuse.runtime.session_options import make_options
 
     if not enabled():
         return None, f"layout: {ENV}=off"

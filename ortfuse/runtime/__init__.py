@@ -5,8 +5,7 @@
     plan_cache       fused plans saved per model, request and environment
     op_registration  ortfuse's custom ops registered on SessionOptions, once per options
     reference_runs   runs of models holding reference (Python-op) kernels, guarded
-    session_options  the one SessionOptions builder and the config entries ortfuse defines (leaf)
-    cache_paths      where every cache lives (leaf)
-    files            atomic file writes (leaf)
-    versions         the installed versions that key the caches (leaf)
+    tune_process     a live tuning's measuring in a process of its own
+    recorded_feeds   the served feeds a live tuning records
+    output_check     a tuned plan's outputs against stock ORT's, before a swap
 """

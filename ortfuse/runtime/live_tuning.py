@@ -21,7 +21,7 @@ model on this machine (``planning.Prepared.pending``):
   running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
   made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
 - tuning yields to serving: the tuning process runs at the lowest CPU priority (a served request that
-  wakes while it computes gets a core at once; ``kernel_compile.background_priority``), is stopped
+  wakes while it computes gets a core at once; ``child_process.background_priority``), is stopped
   (SIGSTOP) while a served run is in flight
   and keeps a timing only when no served run overlapped it (``yielding.ProcessYielder``): onnx and
   ORT hold the GIL through long C calls (parsing, shape inference, session creation), which a thread
@@ -29,7 +29,7 @@ model on this machine (``planning.Prepared.pending``):
   the tuning's ORT runs in flight
   (``RunOptions.terminate``) and the tuning thread pauses at its next Python call until no run is
   in flight; a timing that overlapped a served run is discarded and taken again, so decisions rest
-  only on undisturbed timings (``ortfuse.tune.yielding``; when served runs leave no idle window long
+  only on undisturbed timings (``ortfuse.foundation.yielding``; when served runs leave no idle window long
   enough for one run, the tuning ends with stock ORT and says so). The thread runs at the caller's
   priority: a low-priority thread holding the GIL would keep served runs waiting for it. While it
   runs, the interpreter's GIL switch interval is ``yielding.SWITCH_INTERVAL_S`` (a served run waiting for
@@ -64,13 +64,13 @@ from typing import Any
 
 from onnxruntime import OrtValue
 
+from ortfuse.foundation import child_process, yielding
+from ortfuse.foundation.files import model_file
+from ortfuse.foundation.messages import one_sentence
+from ortfuse.foundation.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.fusion.report import FusionReport
-from ortfuse.runtime.files import model_file
-from ortfuse.runtime.messages import one_sentence
 from ortfuse.runtime.output_check import check_sessions
 from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
-from ortfuse.runtime.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
-from ortfuse.tune import yielding
 
 SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
 SAMPLE_BYTES = 64 << 20  # all recorded feeds together
@@ -418,7 +418,7 @@ class LiveTuning:
 
         sample = representative(self._samples)
         self._checked_in_child = False
-        if IN_CHILD and kernel_compile.stoppable():  # nothing of onnx or the rewriter imported here
+        if IN_CHILD and child_process.stoppable():  # nothing of onnx or the rewriter imported here
             return self._tune_in_child(sample)
         from ortfuse.runtime import planning
         from ortfuse.tune import tuner

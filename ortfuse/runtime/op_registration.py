@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import warnings
 
-from ortfuse.runtime.session_options import NATIVE_KEY, PYTHON_OPS_KEY, REGISTERED_KEY, config_entry, make_options
+from ortfuse.foundation.session_options import NATIVE_KEY, PYTHON_OPS_KEY, REGISTERED_KEY, config_entry, make_options
 
 # the start of the reason given when options registered before lack ops a new model needs
 REUSED_OPTIONS = "these SessionOptions were registered before"

@@ -15,7 +15,7 @@ made from; the same bytes at another path (a deployment folder, a container) fin
 digest is computed once per file state (``files.content_digest``), so a warm creation reads no
 model bytes; a plan is stored only when no file it was made from changed while it was made.
 An entry is ``<key>.json`` (the report and what the session needs) and, for an applied plan,
-``<key>.onnx`` (the fused model), under ``<cache>/plans/`` (``ortfuse.runtime.cache_paths``). Entries
+``<key>.onnx`` (the fused model), under ``<cache>/plans/`` (``ortfuse.foundation.cache_paths``). Entries
 may name files they depend on (the auto policy's decisions) with the sha256 of their bytes; a changed
 or missing dependency makes the entry stale. Writes are atomic (the JSON is written last); the folder
 is trimmed to ``MAX_BYTES``, least recently used first, never a plan a live process holds (a
@@ -37,12 +37,13 @@ try:
 except ImportError:  # pragma: no cover - Windows: plans are trimmed without a check of their use
     fcntl = None  # type: ignore[assignment]
 
-from ortfuse.kernels import isa, ranking
-from ortfuse.runtime.cache_paths import PLANS, cache_dir
-from ortfuse.runtime.files import content_digest, file_state, write_atomic
-from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
-from ortfuse.runtime.source_digest import tree_digest
-from ortfuse.runtime.versions import installed
+from ortfuse.foundation import isa
+from ortfuse.foundation.cache_paths import PLANS, cache_dir
+from ortfuse.foundation.files import content_digest, file_state, write_atomic
+from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.foundation.source_digest import tree_digest
+from ortfuse.foundation.versions import installed
+from ortfuse.kernels import ranking
 
 FORMAT = 2  # 2: keyed by content, dependencies by digest
 MAX_BYTES = 2 * 2**30

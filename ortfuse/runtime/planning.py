@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.foundation.files import model_bytes
+from ortfuse.foundation.messages import one_sentence
+from ortfuse.foundation.session_options import PRECISION_OPTION, config_entry, tune_mode
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
-from ortfuse.runtime.files import model_bytes
-from ortfuse.runtime.messages import one_sentence
 from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
-from ortfuse.runtime.session_options import PRECISION_OPTION, config_entry, tune_mode
 
 if TYPE_CHECKING:
     import onnx

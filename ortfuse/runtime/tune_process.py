@@ -6,7 +6,7 @@ onnx and ORT hold the GIL through those C calls (up to tens of milliseconds each
 thread delays the served runs of its own process however it yields. A child process holds no lock
 the server waits for, and a stopped process (SIGSTOP) takes no core: served runs get the machine.
 Between served runs it runs at the lowest CPU priority from its first instruction
-(``kernel_compile.child_argv``: its interpreter start-up and imports included; it dies with
+(``foundation.child_process``: its interpreter start-up and imports included; it dies with
 the serving process, and is stopped only once its death signal is set), so a
 request that arrives while it computes wakes the serving thread at once; on a machine busy with other
 work it then measures slowly, and may end on stock ORT (``yielding.Starved``, the wall-clock stop).
@@ -39,10 +39,8 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
-from ortfuse.tune.kernel_compile import child_argv, child_env, wait_for
+from ortfuse.foundation import child_process
+from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
 
 POLL_S = 0.02
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
@@ -118,20 +116,12 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
         errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
         try:
             with open(errors, "wb") as sink:
-                child = subprocess.Popen(child_argv("ortfuse.runtime.tune_process", [folder],
-                                                    os.path.join(folder, "started")),
-                                         env=child_env(), cwd=folder, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=sink)
+                child = child_process.start("ortfuse.runtime.tune_process", [folder], folder, sink)
         except OSError as exc:
             return Outcome(error=f"the tuning process did not start ({exc})")
         try:
-            wait_for(child, os.path.join(folder, "started"), on_start, stopped, POLL_S)
+            child_process.supervise(child, folder, on_start, stopped, POLL_S)
         finally:
-            on_start(None)
-            if child.poll() is None:
-                with contextlib.suppress(OSError):
-                    child.send_signal(signal.SIGCONT)
-                    child.kill()
             child.wait()
         result = Path(folder, "result.json")
         if child.returncode != 0 or not result.exists():
@@ -146,8 +136,9 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
 
 
 def _child(folder: str) -> Outcome:
+    from ortfuse.foundation import yielding
     from ortfuse.runtime import planning
-    from ortfuse.tune import tuner, yielding
+    from ortfuse.tune import tuner
 
     request = json.loads(Path(folder, "request.json").read_text())
     source = Path(request["source"]).read_bytes() if request["bytes"] else request["source"]
@@ -208,9 +199,7 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ortfuse.tune.kernel_compile import background_priority
-
-    background_priority()
+    child_process.background_priority()
     outcome = _child(argv[0])
     Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))
     return 0

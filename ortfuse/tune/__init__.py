@@ -4,5 +4,7 @@
     measure    the whole plan first, else cutting matches into subgraphs, timed against stock ORT
     decisions  the verdicts, the whole-model check and the ``fuse(keep=...)`` rule they make
     lookup     whether decisions may exist for a model, from its serialized bytes (no onnx)
-    yielding   runs and timings that yield to served runs (in a thread, or in a tuning process)
+    judge      whether a timed plan beats stock ORT beyond the noise of the same timing
+    ranking    the kernel ranking measured in the whole model (``ortfuse rank``)
+    kernel_compile  the native kernels a plan needs, compiled in a child process that can be stopped
 """

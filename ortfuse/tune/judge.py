@@ -22,7 +22,7 @@ Contract of ``judge(raw, limit)`` (``raw``: ms per configuration, per repeat, pe
   from noise over all looks stays at most ``MAX_LOOKS * ALPHA``); a median above ``limit`` is a
   verdict, not worth another look, once the looks hold ``MIN_PASSES`` passes or the candidate lost
   significantly many of them (the same sign test, the other way);
-- the report figures are the protocol's (``ortfuse.bench.protocol``): each configuration's p50 per
+- the report figures are the protocol's (``ortfuse.foundation.protocol``): each configuration's p50 per
   repeat, stock ORT's as the mean of both stock sessions', each repeat's ratio, and the A/A
   control's largest deviation from 1 over the repeats.
 """
@@ -34,7 +34,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ortfuse.bench import protocol
+from ortfuse.foundation import protocol
 
 ALPHA = 0.01  # one look's chance of a sign-test win from noise alone (at most MAX_LOOKS x ALPHA in all)
 MAX_LOOKS = 4  # timings of one plan, pooled, before an inconclusive verdict is a loss

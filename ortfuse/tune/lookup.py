@@ -28,8 +28,8 @@ from __future__ import annotations
 import hashlib
 
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.foundation.cache_paths import TUNING, cache_dir
 from ortfuse.ir import metadata
-from ortfuse.runtime.cache_paths import TUNING, cache_dir
 from ortfuse.runtime.plan_cache import EXTERNAL_DATA_MARK
 
 _GRAPH_FIELD = 7  # ModelProto.graph

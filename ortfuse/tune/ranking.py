@@ -2,7 +2,7 @@
 context: for each class of matches (fused op, epilogue, dtype) with more than one candidate, the
 whole model runs once per candidate serving every match of the class (the other classes on their
 static choice) and once with the class left to ORT, all in one interleaved run (single runs A B B A,
-``ortfuse.bench.protocol``) beside stock ORT. A form's effect on ORT's layout (the reorders its
+``ortfuse.foundation.protocol``) beside stock ORT. A form's effect on ORT's layout (the reorders its
 NCHWc transformer adds around ops it cannot block) is inside the time, which an isolated subgraph
 cannot show (docs/ARCHITECTURE.md §8).
 
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ortfuse.bench import protocol
 from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.foundation import protocol, yielding
+from ortfuse.foundation.session_options import measuring_options
 from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 from ortfuse.fusion.rewrite import fuse
 from ortfuse.fusion.rulekit.result import Match
@@ -29,8 +30,6 @@ from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import ranking, registry
 from ortfuse.kernels.selection import choose_kernel
 from ortfuse.runtime.op_registration import with_custom_ops
-from ortfuse.runtime.session_options import measuring_options
-from ortfuse.tune import yielding
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
 KEEP_LIMIT = 0.99  # auto keeps a class when its kernel runs the whole model at most this fraction of ORT's

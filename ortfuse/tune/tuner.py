@@ -1,7 +1,7 @@
 """Profile-guided ``fusion="auto"``: keep a fusion only where it was measured to beat ORT on this
 machine (how: ``ortfuse.tune.measure``; the rule: ``ortfuse.tune.decisions``).
 
-Decisions are cached as JSON in ``<cache>/tuning/`` (``ortfuse.runtime.cache_paths``), keyed by the
+Decisions are cached as JSON in ``<cache>/tuning/`` (``ortfuse.foundation.cache_paths``), keyed by the
 graph digest, ISA, the ortfuse, onnxruntime and numba versions, the optimization level and thread
 count, the patterns and the input shapes measured. ``ortfuse tune MODEL`` fills the cache ahead of
 time. ``ORTFUSE_TUNE=off`` makes ``auto`` use cached decisions only (without one, it keeps no fusion).
@@ -28,15 +28,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ortfuse.foundation import isa
+from ortfuse.foundation.cache_paths import TUNING, cache_dir
+from ortfuse.foundation.files import write_atomic
+from ortfuse.foundation.messages import one_sentence
+from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
 from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
-from ortfuse.kernels import isa, ranking, registry
+from ortfuse.kernels import ranking, registry
 from ortfuse.runtime import plan_cache
-from ortfuse.runtime.cache_paths import TUNING, cache_dir
-from ortfuse.runtime.files import write_atomic
-from ortfuse.runtime.messages import one_sentence
-from ortfuse.runtime.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
 from ortfuse.tune import lookup
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning

@@ -281,7 +281,7 @@ def unavailable_reason() -> str | None:
     ``ORTFUSE_ISA`` override) must report amx-tile and amx-bf16, the native path must be available,
     and Linux must grant the tile-data permission (asked here, once per process)."""
     from ortfuse.custom_ops.native import availability
-    from ortfuse.kernels import isa
+    from ortfuse.foundation import isa
 
     missing = sorted({"amx-tile", "amx-bf16"} - isa.host_features())
     if missing:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from ortfuse.bench import protocol
+from ortfuse.foundation import protocol
 
 MAX_ATTEMPTS = 200  # disturbed attempts in a row at one run or timing before the tuning gives up
 SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval while a tuning runs: a served run waits less for the GIL
@@ -170,7 +170,7 @@ class SharedCounts:
 
 
 class ProcessYielder:
-    """The ``Yielder`` of a tuning in a process of its own (``ortfuse.tune.tune_process``): the serving
+    """The ``Yielder`` of a tuning in a process of its own (``ortfuse.runtime.tune_process``): the serving
     process stops it (SIGSTOP) while a served run is in flight, so nothing of it runs then; its
     runs wait while a run is in flight, and a timing is kept only when no served run started during
     it (the shared epoch did not change and none is in flight at its end); otherwise it is taken

@@ -160,7 +160,7 @@ def content_digest(path: str | os.PathLike, scan: Callable[[Any], Any] | None = 
 
 
 def _memo_path(memo_key: tuple) -> Path | None:
-    from ortfuse.runtime.cache_paths import DIGESTS, cache_dir
+    from ortfuse.foundation.cache_paths import DIGESTS, cache_dir
 
     try:
         return cache_dir(DIGESTS) / hashlib.sha256(repr(memo_key).encode()).hexdigest()[:32]

@@ -15,8 +15,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from ortfuse.runtime.cache_paths import SOURCES, cache_dir
-from ortfuse.runtime.files import keep_newest, write_atomic
+from ortfuse.foundation.cache_paths import SOURCES, cache_dir
+from ortfuse.foundation.files import keep_newest, write_atomic
 
 KEEP = 32  # memos kept: one per state of the sources (an edited checkout makes a new one per edit)
 

@@ -1,6 +1,6 @@
 """The timing protocol every ortfuse measurement follows (docs/ARCHITECTURE.md §8): interleaved single
-runs, repeats, per-repeat ratios. Standard library only, so the tuner and the tools/ scripts import it
-as a leaf helper and it can be tested without ORT.
+runs, repeats, per-repeat ratios. Standard library only: the tuner, ``ortfuse bench`` and the tools/
+scripts import it, and it can be tested without ORT.
 
 Timing a block of runs of one session and then a block of another does not give comparable numbers on
 a shared machine: identical sessions come out far apart (`ortfuse bench` with its A/A control shows
