@@ -194,8 +194,8 @@ def test_auto_under_the_bf16_opt_in_measures_the_amx_kernel(monkeypatch):
     if kept:  # it runs the bf16 kernel it measured, within the bf16 tolerance of ORT
         assert "(bf16 products)" in kept[0].kernel, kept[0].kernel
         want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=measuring.BF16_CHECK_RTOL,
-                                   atol=measuring.BF16_CHECK_ATOL * max(1.0, float(np.abs(want).max())))
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=measuring.BF16_MATCH_RTOL,
+                                   atol=measuring.BF16_MATCH_ATOL * max(1.0, float(np.abs(want).max())))
 
 
 def test_corrupt_cache_file_is_measured_again():

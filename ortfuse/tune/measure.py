@@ -49,7 +49,13 @@ from ortfuse.fusion.rewrite import fuse
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import registry
 from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
-from ortfuse.runtime.output_check import differing_output
+from ortfuse.runtime.output_check import (
+    BF16_MATCH_ATOL,
+    BF16_MATCH_RTOL,
+    CHECK_ATOL,
+    CHECK_RTOL,
+    differing_output,
+)
 from ortfuse.runtime.reference_runs import run_guarded
 from ortfuse.tune import judge
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
@@ -60,9 +66,6 @@ MODEL_BUDGET_S = 3.0  # timed wall time of the whole-model check
 REPEATS = 3
 CLEAR_LOSS = 2.0  # a fused subgraph this many times slower than ORT at first look is not timed further
 MIN_RUNS, MAX_RUNS = 3, 60
-CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4  # a fused subgraph whose outputs differ more is not kept
-# under the bf16 opt-in (PRECISION_OPTION): bf16 products, |error| <~ 2^-7 sum|x w| (tests/test_amx.py)
-BF16_CHECK_RTOL, BF16_CHECK_ATOL = 2.0**-5, 2.0**-6  # atol times max(1, max|ORT output|)
 CPU = ["CPUExecutionProvider"]
 
 
@@ -389,7 +392,7 @@ def _verdict(stock, fused: Callable, micro_feeds: dict, pattern_id: str, precisi
         rtol, atol = CHECK_RTOL, CHECK_ATOL
         if precision == registry.BF16:
             finite = np.abs(e[np.isfinite(e)]) if e.size else np.zeros(1)
-            rtol, atol = BF16_CHECK_RTOL, BF16_CHECK_ATOL * max(1.0, float(finite.max()) if finite.size else 1.0)
+            rtol, atol = BF16_MATCH_RTOL, BF16_MATCH_ATOL * max(1.0, float(finite.max()) if finite.size else 1.0)
         if e.shape != g.shape or not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
             return Decision(pattern_id, [], False, f"auto: fused output differs from ORT's beyond rtol {rtol:g}, "
                                                    f"atol {atol:g}; left to ORT (run `ortfuse verify`)")
