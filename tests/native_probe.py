@@ -9,13 +9,13 @@ from numba import carray
 
 from ortfuse.custom_ops import abi, ort_api
 from ortfuse.custom_ops.intrinsics import int_to_voidptr, load_i32, load_i64, load_u8, stack_bytes, store_i64
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_status
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import element_count, fail, make_output, read_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, MAX_RANK
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32, slot_i64
+from ortfuse.custom_ops.native.words import DIMS_BYTES, MAX_RANK
 from ortfuse.custom_ops.registration import add_native_op
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_status
 
 PROBE_OP = "OrtfuseAbiProbe"
 PROBE_OUT = 40

@@ -159,7 +159,7 @@ def test_empty_and_strided_inputs():
 
 @native
 def test_bad_rank_is_an_error_and_the_session_stays_usable():
-    from ortfuse.custom_ops.native.layout import MAX_RANK
+    from ortfuse.custom_ops.native.words import MAX_RANK
 
     sess = _session()
     with pytest.raises(Exception, match=f"FusedMish: input 0 has rank {MAX_RANK + 1}"):

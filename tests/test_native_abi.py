@@ -383,7 +383,7 @@ def test_compiled_code_is_cached_in_user_folder():
     cached = [f for _, _, files in os.walk(root) for f in files if f.startswith("silu._silu_worker")]
     assert cached, f"no cached worker under {root}"
     package = os.path.dirname(abi.__file__)
-    ours = ("intrinsics.", "ort_api.", "messages.")
+    ours = ("intrinsics.", "ort_api.", "status_messages.")
     beside = [f for folder, _, files in os.walk(package) for f in files if f.endswith((".nbi", ".nbc"))
               and (f.startswith(ours) or os.path.join(package, "native") in folder)]
     assert not beside, f"cache files beside the sources: {beside}"

@@ -26,9 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 import ortfuse
 from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.native import availability, threads
-from ortfuse.custom_ops.native.layout import MAX_ATTR_WORDS
 from ortfuse.custom_ops.native.ops.eltwise_chain import encoding
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import CHAIN_OPS, MAX_STEPS, N_UNARY, node_attrs
+from ortfuse.custom_ops.native.words import MAX_ATTR_WORDS
 from ortfuse.custom_ops.registration import register_native
 from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 from ortfuse.fusion.rewrite import fuse

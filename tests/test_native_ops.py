@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.native import availability, threads
 from ortfuse.custom_ops.native.elementwise import BLOCK
-from ortfuse.custom_ops.native.layout import MAX_RANK
 from ortfuse.custom_ops.native.ops.gemm import NATIVE_GEMM_EPILOGUES
+from ortfuse.custom_ops.native.words import MAX_RANK
 from ortfuse.custom_ops.registration import native_unavailable_reason, register_native
 from ortfuse.custom_ops.specs import DOMAIN
 

@@ -122,7 +122,7 @@ def test_a_layout_op_maps_to_the_nodes_it_records_and_its_time_is_not_split():
     from onnx import helper
 
     from ortfuse.fusion.report import FUSED, MatchRecord
-    from ortfuse.layout import provenance
+    from ortfuse.layout import replaced_nodes
 
     rewritten = helper.make_model(helper.make_graph(
         [helper.make_node("GlobalAveragePool", ["x"], ["p"], name="gap"),
@@ -132,7 +132,7 @@ def test_a_layout_op_maps_to_the_nodes_it_records_and_its_time_is_not_split():
     # ORT's graph after layout: its NCHWc nodes are named after their outputs; one op replaces them all
     block = helper.make_node("FusedSqueezeExciteBlocked", ["x"], ["y"], name="gap/squeeze_excite")
     replaced = [helper.make_node("Conv", [], [], name=n) for n in ("gap", "z_nchwc", "s_nchwc", "mul")]
-    provenance.record(block, replaced)
+    replaced_nodes.record(block, replaced)
     lone = helper.make_node("Conv", ["q"], ["p2"], name="z_nchwc_token_7")
     loaded = helper.make_model(helper.make_graph([block, lone], "g", [], []))
     names = P.NameMap(rewritten, loaded)

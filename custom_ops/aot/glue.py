@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from ortfuse.custom_ops import abi
-from ortfuse.custom_ops.native.layout import EXT, EXT_POOL, P_PAR_MIN, P_THREADING, POOL_WORDS, THREADS_ORT
+from ortfuse.custom_ops.native.words import EXT, EXT_POOL, P_PAR_MIN, P_THREADING, POOL_WORDS, THREADS_ORT
 
 TOKEN_BASE = 0x7FF0_0000_0000_0000  # above every user-space address: never a real buffer's
 POOL_SYMBOL = "ortfuse_pool"

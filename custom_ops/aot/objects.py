@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortfuse.custom_ops.native.layout import S_API
+from ortfuse.custom_ops.native.words import S_API
 
 FAILURE_SYMBOL = "ortfuse_aot_failure"
 """``int64_t ortfuse_aot_failure(int64_t api)``: an ORT error status for a callback that raised."""

@@ -20,8 +20,8 @@ from numba import njit
 
 from ortfuse.custom_ops.abi import ORT_INVALID_ARGUMENT
 from ortfuse.custom_ops.intrinsics import load_f32, load_i64, load_u8, stack_bytes, store_f64, store_i64
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_cstr, msg_put_int, msg_status
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.op_def import AttrDef
+from ortfuse.custom_ops.native.words import (
     AD_CHOICES,
     AD_DEFAULT,
     AD_KIND,
@@ -44,7 +44,6 @@ from ortfuse.custom_ops.native.layout import (
     MSG_CAP,
     STRING_ATTR_CAP,
 )
-from ortfuse.custom_ops.native.op_def import AttrDef
 from ortfuse.custom_ops.ort_api import (
     kernel_info_get_float,
     kernel_info_get_floats,
@@ -53,6 +52,7 @@ from ortfuse.custom_ops.ort_api import (
     kernel_info_get_string,
     release_status,
 )
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_cstr, msg_put_int, msg_status
 
 _T_COLON = cstr(": ")
 _T_ATTR = cstr("attribute '")

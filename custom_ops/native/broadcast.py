@@ -9,7 +9,6 @@ from numba import njit
 
 from ortfuse.custom_ops.abi import ORT_FAIL
 from ortfuse.custom_ops.intrinsics import load_i64, stack_bytes, store_i64
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_dims, msg_status
 from ortfuse.custom_ops.native.elementwise import BLOCK
 from ortfuse.custom_ops.native.inputs import (
     check_input_count,
@@ -18,9 +17,10 @@ from ortfuse.custom_ops.native.inputs import (
     msg_begin,
     read_float_input,
 )
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, MAX_RANK, MSG_CAP
 from ortfuse.custom_ops.native.slots import slot_api
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES, MAX_RANK, MSG_CAP
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_dims, msg_status
 
 # stack buffer of compute_binary: dims of A, B and the output, then the plan (stack_bytes needs a constant)
 BINARY_SCRATCH = 8 * (3 * MAX_RANK + 1 + 3 * MAX_RANK)

@@ -13,9 +13,10 @@ from numba import njit
 from ortfuse.custom_ops import abi
 from ortfuse.custom_ops.abi import ORT_FAIL
 from ortfuse.custom_ops.intrinsics import load_i64, stack_bytes, store_i64
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_cstr, msg_status
 from ortfuse.custom_ops.native.attributes import read_attrs
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.lifetime import KEEP, compile_cfunc
+from ortfuse.custom_ops.native.slots import slot_alloc, slot_free
+from ortfuse.custom_ops.native.words import (
     EXT,
     EXT_INPUT_TYPE,
     EXT_N_INPUTS,
@@ -27,9 +28,8 @@ from ortfuse.custom_ops.native.layout import (
     S_API,
     S_RECORD,
 )
-from ortfuse.custom_ops.native.lifetime import KEEP, compile_cfunc
-from ortfuse.custom_ops.native.slots import slot_alloc, slot_free
 from ortfuse.custom_ops.ort_api import SIG_CREATE_KERNEL_V2, SIG_KERNEL_DESTROY
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_cstr, msg_status
 
 _T_COLON = cstr(": ")
 _T_NO_MEMORY = cstr("out of memory for kernel state")

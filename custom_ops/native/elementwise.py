@@ -25,9 +25,9 @@ from numba import carray, njit
 
 from ortfuse.custom_ops.intrinsics import int_to_voidptr, load_i64, prefetch_lines, stack_bytes, store_i64
 from ortfuse.custom_ops.native.inputs import check_input_count, element_count, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.slots import slot_api
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES
 from ortfuse.custom_ops.vecmath import always_inline, from_f32, prefer_512bit, to_f32
 
 BLOCK = 1 << 14  # elements per block (the unit of work handed to a thread)

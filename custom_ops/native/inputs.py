@@ -10,9 +10,8 @@ from numba import njit
 
 from ortfuse.custom_ops.abi import ONNX_TYPE_FLOAT, ONNX_TYPE_FLOAT16, ORT_FAIL, ORT_INVALID_ARGUMENT
 from ortfuse.custom_ops.intrinsics import load_i32, load_i64, stack_bytes
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_cstr, msg_put_int, msg_status
-from ortfuse.custom_ops.native.layout import EXT, EXT_INPUT_TYPE, MAX_RANK, MSG_CAP, S_RECORD
 from ortfuse.custom_ops.native.slots import slot_name
+from ortfuse.custom_ops.native.words import EXT, EXT_INPUT_TYPE, MAX_RANK, MSG_CAP, S_RECORD
 from ortfuse.custom_ops.ort_api import (
     context_get_input,
     context_get_output,
@@ -25,6 +24,7 @@ from ortfuse.custom_ops.ort_api import (
     release_status,
     release_tensor_type_and_shape_info,
 )
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_cstr, msg_put_int, msg_status
 
 _T_COLON = cstr(": ")
 _T_INPUT = cstr("input ")

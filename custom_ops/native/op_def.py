@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ortfuse.custom_ops import abi
-from ortfuse.custom_ops.native.layout import ATTR_KINDS, MAX_ATTR_WORDS, STRING_ATTR_CAP
+from ortfuse.custom_ops.native.words import ATTR_KINDS, MAX_ATTR_WORDS, STRING_ATTR_CAP
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.lifetime import immortal
+from ortfuse.custom_ops.native.words import (
     P_ALLOC_FAIL,
     P_ALLOCATED,
     P_CREATES,
@@ -25,7 +26,6 @@ from ortfuse.custom_ops.native.layout import (
     POOL_WORDS,
     THREADING_MODES,
 )
-from ortfuse.custom_ops.native.lifetime import immortal
 
 DEFAULT_PARALLEL_MIN = 1 << 16
 _lock = threading.RLock()

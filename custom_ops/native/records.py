@@ -8,7 +8,8 @@ import ctypes
 
 from ortfuse.custom_ops import abi
 from ortfuse.custom_ops.native.attributes import AttributeTable
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.op_def import NativeOpDef
+from ortfuse.custom_ops.native.words import (
     EXT_ATTRS,
     EXT_INPUT_TYPE,
     EXT_MAGIC,
@@ -23,7 +24,6 @@ from ortfuse.custom_ops.native.layout import (
     EXT_WORKER,
     RECORD_MAGIC,
 )
-from ortfuse.custom_ops.native.op_def import NativeOpDef
 
 
 class _Record(ctypes.Structure):

@@ -25,7 +25,8 @@ from ortfuse.custom_ops.intrinsics import (
     load_i64,
     store_i64,
 )
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.pool import POOL, slot_stats  # noqa: F401 - re-exported
+from ortfuse.custom_ops.native.words import (
     ATTR_BASE,
     EXT,
     EXT_NAME,
@@ -46,7 +47,6 @@ from ortfuse.custom_ops.native.layout import (
     SLOT_LIVE,
     SLOT_WORDS,
 )
-from ortfuse.custom_ops.native.pool import POOL, slot_stats  # noqa: F401 - re-exported
 
 
 @njit(cache=True)

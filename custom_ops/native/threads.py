@@ -12,7 +12,8 @@ from numba import cfunc, njit, prange, types
 
 from ortfuse.custom_ops.intrinsics import icall2_void, icall3_void, load_i64
 from ortfuse.custom_ops.native import pool
-from ortfuse.custom_ops.native.layout import (
+from ortfuse.custom_ops.native.pool import DEFAULT_PARALLEL_MIN, POOL, threading_settings  # noqa: F401 - re-exported
+from ortfuse.custom_ops.native.words import (
     EXT,
     EXT_WORKER,
     P_PAR_FOR,
@@ -23,7 +24,6 @@ from ortfuse.custom_ops.native.layout import (
     THREADS_NUMBA,
     THREADS_ORT,
 )
-from ortfuse.custom_ops.native.pool import DEFAULT_PARALLEL_MIN, POOL, threading_settings  # noqa: F401 - re-exported
 from ortfuse.custom_ops.numba_setup import configure_numba
 from ortfuse.custom_ops.ort_api import context_parallel_for
 

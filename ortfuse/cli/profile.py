@@ -37,7 +37,7 @@ import numpy as np
 
 from ortfuse.cli.verify import add_input_arguments, command_inputs, default_patterns
 from ortfuse.foundation.session_options import make_options
-from ortfuse.layout import provenance
+from ortfuse.layout import replaced_nodes
 
 CPU = ["CPUExecutionProvider"]
 FUSED, ENABLE_ALL, DISABLE_ALL = "fused", "ort_enable_all", "ort_disable_all"
@@ -141,8 +141,8 @@ class NameMap:
         self.producer = {o: ix.name_of(n) for n in model.graph.node for o in n.output if o}
         # ORT's optimized graph (same node names as its profile): node name -> its output tensors
         self.outputs = {n.name: [o for o in n.output if o] for n in optimized.graph.node} if optimized else {}
-        # a layout op names the nodes of ORT's graph it replaces (ortfuse.layout.provenance)
-        self.replaces = {n.name: provenance.replaced(n) for n in optimized.graph.node} if optimized else {}
+        # a layout op names the nodes of ORT's graph it replaces (ortfuse.layout.replaced_nodes)
+        self.replaces = {n.name: replaced_nodes.replaced(n) for n in optimized.graph.node} if optimized else {}
 
     def resolve(self, name: str, op_type: str) -> tuple[list[str], str]:
         if self.replaces.get(name):

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ortfuse.custom_ops.native import layout as _native_layout
+from ortfuse.custom_ops.native import words as _native_words
 from ortfuse.foundation import isa as _isa
 from ortfuse.foundation.session_options import PRECISION_OPTION  # sessions: the config entry (wins over the env)
 from ortfuse.fusion import catalogue
@@ -46,7 +46,7 @@ PATHS = (NATIVE, LOWERED, REFERENCE)
 NO_NATIVE = "no-native"  # a preference, not a path: every kernel that runs without the native ops
 LOWERED_ONLY = "lowered-only"  # a preference: lowered kernels that need no native op (ORT's own ops only)
 REFERENCE_LABEL = "reference (numpy through onnxruntime-extensions Python op)"
-NATIVE_MAX_RANK: int = _native_layout.MAX_RANK  # native kernels fail a run on tensors of higher rank
+NATIVE_MAX_RANK: int = _native_words.MAX_RANK  # native kernels fail a run on tensors of higher rank
 ANY = "any"
 FP32, BF16 = "fp32", "bf16"
 PRECISIONS = (FP32, BF16)

@@ -30,7 +30,7 @@ from ortfuse.custom_ops.kernels.conv_filters import pack_deconv_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, provenance
+from ortfuse.layout import measure, replaced_nodes
 from ortfuse.layout.winograd import MARGIN, NCHWC, mode
 
 OP = "FusedConvTransposeS2Blocked"
@@ -155,7 +155,7 @@ def run_deconv(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: in
                                **attrs)
         new.doc_string = f"ortfuse layout: {base} read from NCHWc blocks"
         chained = (second, fold2) if w2 is not None else ()
-        provenance.record(new, [n for n in (node, fold, *chained) if n is not None])
+        replaced_nodes.record(new, [n for n in (node, fold, *chained) if n is not None])
         replace[id(node)] = new
         if fold is not None:
             dropped.add(id(fold))

@@ -40,7 +40,7 @@ from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, provenance, winograd
+from ortfuse.layout import measure, replaced_nodes, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
 
 OP = "FusedDepthwiseConvBlocked"
@@ -184,7 +184,7 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
         new = helper.make_node(OP, [node.input[0], node.input[1], bias], [out], name=f"{base}/depthwise",
                                domain=DOMAIN, **_node_attrs(shape, block))
         new.doc_string = f"ortfuse layout: {base} as a native depthwise conv on NCHWc blocks"
-        provenance.record(new, [n for n in (node, fold) if n is not None])
+        replaced_nodes.record(new, [n for n in (node, fold) if n is not None])
         replace[id(node)] = new
         if fold is not None:
             dropped.add(id(fold))

@@ -41,7 +41,7 @@ from ortfuse.custom_ops.kernels.squeeze_excite import block_1x1, unblock_1x1
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, provenance
+from ortfuse.layout import measure, replaced_nodes
 from ortfuse.layout.winograd import spatial_dims
 
 NCHWC = "com.microsoft.nchwc"
@@ -313,7 +313,7 @@ def run_se_blocks(graph: onnx.GraphProto, shape: Callable[[str], list | None], b
         new = helper.make_node(OP_ADD if m.addend else OP, [m.x, *names] + ([m.addend] if m.addend else []),
                                [out], name=f"{base}/squeeze_excite", domain=DOMAIN, **attrs)
         new.doc_string = f"ortfuse layout: the squeeze-excite block at {base} as one op on NCHWc blocks"
-        provenance.record(new, m.drop)
+        replaced_nodes.record(new, m.drop)
         replace[id(scale)] = [new] + (_rewire_plain_product(scale, out, m, g, dropped) if m.channels else [])
         dropped |= {id(n) for n in m.drop[:-1]}
         result.replaced[form_name(s)] += 1

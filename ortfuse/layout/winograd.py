@@ -44,7 +44,7 @@ from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, provenance
+from ortfuse.layout import measure, replaced_nodes
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedWinogradConvBlocked"
@@ -234,7 +234,7 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
         new = helper.make_node(OP_ADD if add is not None else OP, inputs, [out], name=f"{base}/winograd",
                                domain=DOMAIN, **attrs)
         new.doc_string = f"ortfuse layout: {base} as Winograd F(4x4,3x3) on NCHWc blocks"
-        provenance.record(new, [n for n in (node, fold, add) if n is not None])
+        replaced_nodes.record(new, [n for n in (node, fold, add) if n is not None])
         replace[id(node)] = new
         if fold is not None:
             dropped.add(id(fold))

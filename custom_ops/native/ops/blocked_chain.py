@@ -33,10 +33,8 @@ import numpy as np
 from numba import njit
 
 from ortfuse.custom_ops.intrinsics import load_f64, load_i64, stack_bytes, store_f64, store_i64
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, element_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import ATTR_BASE, DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.ops.eltwise_chain.compute import T_BAD_PROGRAM, valid_program
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import (
@@ -51,7 +49,9 @@ from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import (
 from ortfuse.custom_ops.native.ops.eltwise_chain.steps import binary_step, unary_step
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import ATTR_BASE, DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
 from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
+from ortfuse.custom_ops.status_messages import cstr
 
 W_BLOCK = W_PARAMS + 1 + 2 * MAX_STEPS  # the attribute word after the chain's
 ATTRS = CHAIN_ATTRS + (AttrDef("block", "int", W_BLOCK),)

@@ -30,13 +30,13 @@ from numba import njit
 from ortfuse.custom_ops.intrinsics import c_free, c_malloc, load_i64, stack_bytes, store_i64
 from ortfuse.custom_ops.kernels.scalar import relu1
 from ortfuse.custom_ops.kernels.winograd import micro_gemm
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES
+from ortfuse.custom_ops.status_messages import cstr
 from ortfuse.custom_ops.vecmath import sigmoid_f32
 
 OP = "FusedConvTransposeS2Blocked"

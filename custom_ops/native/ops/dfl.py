@@ -19,13 +19,13 @@ import numpy as np
 from numba import carray, njit
 
 from ortfuse.custom_ops.intrinsics import int_to_voidptr, load_i64, stack_bytes, store_i64
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.op_def import NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES
+from ortfuse.custom_ops.status_messages import cstr
 from ortfuse.custom_ops.vecmath import exp_f32
 
 OP = "FusedDFL"

@@ -24,7 +24,6 @@ from numba import carray, njit
 
 from ortfuse.custom_ops.abi import ONNX_TYPE_INT64, ONNX_TYPE_UNDEFINED, ORT_INVALID_ARGUMENT
 from ortfuse.custom_ops.intrinsics import int_to_voidptr, load_f64, load_i64, stack_bytes, store_f64, store_i64
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_int, msg_status
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import (
     check_input_count,
@@ -34,11 +33,12 @@ from ortfuse.custom_ops.native.inputs import (
     read_float_input,
     read_input,
 )
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, MSG_CAP
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.reductions import row_sum, squared_deviation
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES, MSG_CAP
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_int, msg_status
 
 OP = "FusedEmbedLayerNorm"
 INPUTS = ("Ids", "TypeIds", "Word", "Types", "Positions", "Gamma", "Beta")

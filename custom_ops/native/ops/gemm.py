@@ -15,7 +15,6 @@ from numba import carray, njit
 from ortfuse.custom_ops.abi import ORT_INVALID_ARGUMENT
 from ortfuse.custom_ops.intrinsics import int_to_voidptr, load_i64, stack_bytes, store_i64
 from ortfuse.custom_ops.kernels.scalar import gelu1, gelu_tanh1, relu1
-from ortfuse.custom_ops.messages import cstr, msg_put, msg_put_dims, msg_status
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import (
     check_input_count,
@@ -25,10 +24,11 @@ from ortfuse.custom_ops.native.inputs import (
     msg_begin,
     read_float_input,
 )
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, MAX_RANK, MSG_CAP
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES, MAX_RANK, MSG_CAP
+from ortfuse.custom_ops.status_messages import cstr, msg_put, msg_put_dims, msg_status
 from ortfuse.custom_ops.vecmath import prefer_512bit, silu_f32
 
 GEMM_SCRATCH = 4 * DIMS_BYTES  # stack buffer of gemm_io: dims of X, W, B and Y

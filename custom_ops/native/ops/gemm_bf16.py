@@ -59,9 +59,7 @@ from ortfuse.custom_ops.kernels.amx import (
     request_tile_permission,
     round_up,
 )
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.inputs import fail
-from ortfuse.custom_ops.native.layout import S_OWNED
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.ops.gemm import (
     CODES_BYTES,
@@ -74,6 +72,8 @@ from ortfuse.custom_ops.native.ops.gemm import (
 )
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import S_OWNED
+from ortfuse.custom_ops.status_messages import cstr
 from ortfuse.custom_ops.vecmath import always_inline
 
 OP_NAME = "FusedGemmActBf16"

@@ -38,13 +38,13 @@ from ortfuse.custom_ops.intrinsics import (
     store_i64,
 )
 from ortfuse.custom_ops.kernels.scalar import hardsigmoid1, relu1
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.elementwise import BLOCK, f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
+from ortfuse.custom_ops.status_messages import cstr
 from ortfuse.custom_ops.vecmath import sigmoid_f32, silu_f32
 
 OP, OP_ADD = "FusedSqueezeExciteBlocked", "FusedSqueezeExciteAddBlocked"

@@ -17,14 +17,14 @@ import numpy as np
 from numba import njit
 
 from ortfuse.custom_ops.intrinsics import load_f64, load_i64, stack_bytes, store_f64, store_i64
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.elementwise import f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.reductions import row_sum, squared_deviation
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import DIMS_BYTES
+from ortfuse.custom_ops.status_messages import cstr
 
 OP = "FusedSkipLayerNorm"
 WA_EPSILON = 0

@@ -6,12 +6,10 @@ from __future__ import annotations
 from numba import njit
 
 from ortfuse.custom_ops.intrinsics import load_f64, load_i64, stack_bytes, store_f64, store_i64
-from ortfuse.custom_ops.messages import cstr
 from ortfuse.custom_ops.native.broadcast import broadcast_dims, broadcast_error
 from ortfuse.custom_ops.native.inputs import check_input_count, element_count, fail, make_output, read_float_input
-from ortfuse.custom_ops.native.layout import ATTR_BASE, DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import MAX_INPUTS, N_OPS, N_UNARY, W_ARGS, W_OPS, W_PARAMS
-from ortfuse.custom_ops.native.ops.eltwise_chain.layout import (
+from ortfuse.custom_ops.native.ops.eltwise_chain.sizes import (
     A_CODES,
     A_IN,
     A_INNER,
@@ -37,6 +35,8 @@ from ortfuse.custom_ops.native.ops.eltwise_chain.layout import (
 from ortfuse.custom_ops.native.ops.eltwise_chain.walk import collapse
 from ortfuse.custom_ops.native.slots import slot_api, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
+from ortfuse.custom_ops.native.words import ATTR_BASE, DIMS_BYTES, EXT, EXT_N_INPUTS, S_RECORD
+from ortfuse.custom_ops.status_messages import cstr
 
 T_BAD_PROGRAM = cstr("attributes chain_ops, chain_args and chain_params do not form a valid program "
                       "(see ortfuse.custom_ops.native.ops.eltwise_chain)")

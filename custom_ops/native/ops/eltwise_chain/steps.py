@@ -46,7 +46,7 @@ from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import (
     OP_SUB,
     OP_TANH,
 )
-from ortfuse.custom_ops.native.ops.eltwise_chain.layout import A_IN, A_NIN, A_OUT, K_FULL, PIECE
+from ortfuse.custom_ops.native.ops.eltwise_chain.sizes import A_IN, A_NIN, A_OUT, K_FULL, PIECE
 from ortfuse.custom_ops.vecmath import always_inline, erf_f32, exp_f32, prefer_512bit, sigmoid_f32, tanh_f32
 
 _ZERO = np.float32(0.0)

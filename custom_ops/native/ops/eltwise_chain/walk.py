@@ -10,9 +10,8 @@ from numba import njit
 
 from ortfuse.custom_ops.intrinsics import load_f64, load_i64, stack_bytes, store_i64
 from ortfuse.custom_ops.native.elementwise import HINT_MIN, f32_view
-from ortfuse.custom_ops.native.layout import DIMS_BYTES
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import MATH_OPS, N_UNARY
-from ortfuse.custom_ops.native.ops.eltwise_chain.layout import (
+from ortfuse.custom_ops.native.ops.eltwise_chain.sizes import (
     A_CODES,
     A_IN,
     A_INNER,
@@ -36,6 +35,7 @@ from ortfuse.custom_ops.native.ops.eltwise_chain.layout import (
     PLAN_REC,
 )
 from ortfuse.custom_ops.native.ops.eltwise_chain.steps import binary_step, unary_step
+from ortfuse.custom_ops.native.words import DIMS_BYTES
 
 
 @njit(cache=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ortfuse.custom_ops.native.layout import DIMS_BYTES, MAX_RANK
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import MAX_INPUTS, MAX_STEPS
+from ortfuse.custom_ops.native.words import DIMS_BYTES, MAX_RANK
 from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS
 
 BLOCK = 1 << 14     # output elements per block (the unit handed to a thread)
