@@ -1,8 +1,9 @@
 """ortfuse: a drop-in ``onnxruntime`` that fuses operator chains ORT leaves unfused.
 
-``import ortfuse as ort`` gives every public name of ``onnxruntime``; only
-``InferenceSession`` is replaced, by a subclass that accepts ``fusion=`` and
-``fusion_patterns=`` on top of ORT's exact signature.
+``import ortfuse as ort`` gives every public name of ``onnxruntime``, and ``ort.__version__`` is
+onnxruntime's version; only ``InferenceSession`` is replaced, by a subclass that accepts ``fusion=``
+and ``fusion_patterns=`` on top of ORT's exact signature. ortfuse's own version is
+``ortfuse.ortfuse_version``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ for _name in dir(_ort):
         globals()[_name] = getattr(_ort, _name)
 del _name
 
-from ortfuse._version import __version__ as __version__  # noqa: E402
+__version__ = _ort.__version__  # what onnxruntime.__version__ answers: code checking ORT's version keeps working
+
+from ortfuse import _version  # noqa: E402
+
+ortfuse_version: str = _version.__version__  # ortfuse's own version
 from ortfuse.fusion.report import FusionReport as FusionReport  # noqa: E402 - after the namespace copy
 from ortfuse.session import InferenceSession as InferenceSession  # noqa: E402
 

@@ -39,6 +39,7 @@ def test_metadata_only_annotation_keeps_graph_and_runs_on_stock_ort(ffn_path, tm
     props = metadata.read_props(after)
     assert props["fusion_enabled"] == "true" and props["fusion_pattern_id"] == "gemm_act"
     assert props["ortfuse_graph_digest"] == metadata.graph_digest(before)
+    assert props["ortfuse_version"] == ortfuse.ortfuse_version
     meta = onnxruntime.InferenceSession(str(out)).get_modelmeta().custom_metadata_map
     assert meta["fusion_pattern_id"] == "gemm_act"
     feeds = ffn_inputs()

@@ -29,6 +29,27 @@ def test_own_names_are_ortfuse_objects():
         assert callable(getattr(ortfuse.backend, fn)), fn
 
 
+def test_version_is_onnxruntimes_and_ortfuses_own_has_a_name_of_its_own():
+    """Code that checks ``ort.__version__`` checks the ORT it runs on; every place ortfuse names its
+    own version (the CLI, the metadata it writes, the bench's environment) names ``ortfuse_version``."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    from ortfuse.bench.environment import environment
+    from ortfuse.ir import metadata
+
+    from model_fixtures import ffn_matmul_add_relu
+
+    assert ortfuse.__version__ == onnxruntime.__version__
+    assert ortfuse.ortfuse_version == importlib.metadata.version("ortfuse")
+    out = subprocess.run([sys.executable, "-m", "ortfuse", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"ortfuse {ortfuse.ortfuse_version}"
+    fused, report = ortfuse.fuse(ffn_matmul_add_relu())
+    assert report.applied and metadata.read_props(fused)[metadata.ORTFUSE_VERSION] == ortfuse.ortfuse_version
+    assert environment()["versions"]["ortfuse"] == ortfuse.ortfuse_version
+
+
 def test_import_and_unannotated_sessions_do_not_load_onnx(tmp_path):
     """`import ortfuse` costs what `import onnxruntime` costs: onnx (slow to import) loads only when a
     model must be parsed, never for an unannotated model with fusion=None."""

@@ -81,7 +81,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "ortfuse_source": source_state(),
         "versions": {
-            "ortfuse": ortfuse.__version__,
+            "ortfuse": ortfuse.ortfuse_version,
             "onnxruntime": _version("onnxruntime"),
             "onnx": _version("onnx"),
             "numba": _version("numba"),

@@ -37,9 +37,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from ortfuse._version import __version__
+    from ortfuse._version import __version__ as ortfuse_version
 
-    return __version__
+    return ortfuse_version
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,12 +27,12 @@ def annotate(model: onnx.ModelProto, patterns, enabled: bool = True) -> onnx.Mod
     ids = validate_patterns(patterns)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    from ortfuse._version import __version__
+    from ortfuse._version import __version__ as ortfuse_version
 
     metadata.write_props(out, {
         metadata.FUSION_ENABLED: "true" if enabled else "false",
         metadata.FUSION_PATTERN_ID: "auto" if patterns in (None, "auto") else ",".join(ids),
-        metadata.ORTFUSE_VERSION: __version__,
+        metadata.ORTFUSE_VERSION: ortfuse_version,
         metadata.GRAPH_DIGEST: metadata.graph_digest(model),
     })
     return out

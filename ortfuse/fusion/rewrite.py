@@ -158,6 +158,6 @@ def _checker_problem(model: onnx.ModelProto) -> str:
 
 
 def _version() -> str:
-    from ortfuse._version import __version__
+    from ortfuse._version import __version__ as ortfuse_version
 
-    return __version__
+    return ortfuse_version
