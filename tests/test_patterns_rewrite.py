@@ -109,6 +109,18 @@ def test_unknown_pattern_id_raises_listing_known_ids():
         ortfuse.InferenceSession(model.SerializeToString(), fusion=True, fusion_patterns=["nope"])
 
 
+def test_fuse_spells_the_pattern_keyword_as_the_session_does():
+    """``fusion_patterns=`` on ``fuse()`` as on ``InferenceSession``; ``patterns=``, its former name,
+    still works and says it is deprecated."""
+    model = _mixed_model().build()
+    _, named = fuse(model, fusion_patterns=["silu"])
+    with pytest.warns(DeprecationWarning, match="fusion_patterns="):
+        _, former = fuse(model, patterns=["silu"])
+    assert former.counts() == named.counts() == {"silu": 1}
+    with pytest.raises(TypeError, match="not both"):
+        fuse(model, fusion_patterns=["silu"], patterns=["silu"])
+
+
 def test_higher_priority_pattern_claims_shared_nodes():
     """Conv -> Add(residual) -> Relu: conv_add_relu (first in the catalogue) wins over add_relu."""
     _fused, report = assert_fused(conv_add_relu_residual_input())

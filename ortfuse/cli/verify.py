@@ -372,7 +372,7 @@ def suggest(result: VerifyResult, model_arg: str) -> dict | None:
         note = ("pattern ids select whole patterns: leaving out only the blamed instance(s) is not possible with "
                 "fusion_pattern_id, so this leaves out " + ", ".join(
                     f"all {total[p]} fused {p} op(s) ({count[p]} blamed)" for p in partial)
-                + "; from Python, ortfuse.fuse(model, patterns, keep=...) can leave out single instances")
+                + "; from Python, ortfuse.fuse(model, fusion_patterns, keep=...) can leave out single instances")
     return {"leave_out": bad, "fusion_pattern_id": value, "fusion_enabled": "true" if keep else "false",
             "command": command, "note": note}
 

@@ -1,4 +1,4 @@
-"""``fuse(model, patterns) -> (ModelProto, FusionReport)``: the library entry point, the fusion
+"""``fuse(model, fusion_patterns) -> (ModelProto, FusionReport)``: the library entry point, the fusion
 pipeline in order (docs/ARCHITECTURE.md §1).
 
 For each requested rule in catalogue priority: its candidates, anchors in graph order, no node
@@ -10,6 +10,7 @@ never modified.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import onnx
@@ -36,10 +37,16 @@ KeepRule = Callable[[MatchRecord], str]  # a legal match -> "" to fuse it, or th
 KernelChoice = Callable[[Match], "str | None"]  # a legal match -> its kernel preference (None: the default order)
 
 
-def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
+_UNSET: object = object()
+
+
+def fuse(model: onnx.ModelProto, fusion_patterns: Iterable[str] | str | None = None,
          kernels: str | KernelChoice | None = None, keep: KeepRule | None = None,
-         precision: str | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+         precision: str | None = None, *, patterns: object = _UNSET) -> tuple[onnx.ModelProto, FusionReport]:
     """Return a rewritten copy of ``model`` and the report of every candidate match.
+
+    ``fusion_patterns``: the pattern ids to fuse (None: all), spelled as ``InferenceSession``'s
+    keyword; ``patterns=`` is its former name, still taken with a DeprecationWarning.
 
     Each fused op gets the kernel ``registry.select`` picks for this CPU and epilogue: one custom
     node (native or reference), or the ORT nodes of a lowering form. ``kernels`` restricts the
@@ -56,7 +63,13 @@ def fuse(model: onnx.ModelProto, patterns: Iterable[str] | str | None = None,
     Unknown pattern ids raise ``UnknownPatternError``; a model whose rewrite would fail
     ``onnx.checker`` comes back unchanged with the reason in the report.
     """
-    ids = validate_patterns(patterns)
+    if patterns is not _UNSET:
+        if fusion_patterns is not None:
+            raise TypeError("fuse() takes fusion_patterns= or its deprecated name patterns=, not both")
+        warnings.warn("fuse(patterns=...) is deprecated: use fusion_patterns=, as InferenceSession spells it",
+                      DeprecationWarning, stacklevel=2)
+        fusion_patterns = patterns  # type: ignore[assignment]
+    ids = validate_patterns(fusion_patterns)
     precision = registry.resolve_precision(precision)
     out = onnx.ModelProto()
     out.CopyFrom(model)
