@@ -30,10 +30,10 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import UnknownPatternError
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir.metadata import MetadataError
+from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernels.reference_runs import refuse_missing_inputs, run_guarded, status_message
 from ortfuse.runtime.live_tuning import LiveTuning, accept_ortvalues, status_of
-from ortfuse.runtime.op_registration import with_custom_ops
 from ortfuse.runtime.planning import Prepared, prepare, saved_fused_ops, stepped_aside
-from ortfuse.runtime.reference_runs import refuse_missing_inputs, run_guarded, status_message
 
 CPU_PROVIDER = "CPUExecutionProvider"
 

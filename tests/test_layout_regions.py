@@ -18,9 +18,9 @@ from onnx import helper, numpy_helper
 from ortfuse import fuse, models
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import node_attrs
 from ortfuse.fusion.provenance import native_op_types
+from ortfuse.kernels.op_registration import with_custom_ops
 from ortfuse.layout import blocked_scale, planner, regions, winograd
 from ortfuse.layout.probe import block_size
-from ortfuse.runtime.op_registration import with_custom_ops
 
 PROGRAM = ('[{"op":"Mul","args":["x","c0"]},{"op":"Add","args":["c1","x"]},{"op":"HardSigmoid","alpha":0.2,'
            '"beta":0.5},{"op":"Sub","args":["c2","x"]},{"op":"Sigmoid"}]')

@@ -1,4 +1,4 @@
-"""The check a tuned plan passes before a live swap (ortfuse.runtime.output_check), and the tuning
+"""The check a tuned plan passes before a live swap (ortfuse.tune.output_check), and the tuning
 process running it beside its own stock ORT session (ortfuse.runtime.tune_process._check), so the
 serving process only warms the new session."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from ortfuse.runtime import output_check, planning, tune_process
+from ortfuse.runtime import planning, tune_process
+from ortfuse.tune import output_check
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 

@@ -16,6 +16,7 @@ import onnxruntime
 import pytest
 
 import ortfuse
+from ortfuse.foundation import source_digest
 from ortfuse.runtime import plan_cache
 
 from model_fixtures import annotated, ffn_inputs, ffn_matmul_add_relu
@@ -94,7 +95,7 @@ def test_request_options_and_environment_are_part_of_the_key(model_path, monkeyp
     assert not _cached(ortfuse.InferenceSession(model_path, so, fusion=True).fusion_report)
     monkeypatch.setenv("ORTFUSE_TUNE", "off")
     assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
-    monkeypatch.setattr(plan_cache, "code_digest", lambda: "another ortfuse")
+    monkeypatch.setattr(source_digest, "code_digest", lambda: "another ortfuse")
     monkeypatch.delenv("ORTFUSE_TUNE")
     assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
 
@@ -193,14 +194,14 @@ def test_folder_is_trimmed_oldest_first(model_path, monkeypatch):
     assert sum(p.stat().st_size + p.with_suffix(".onnx").stat().st_size for p in left) <= plan_cache.MAX_BYTES
 
 
-def testcode_digest_is_the_same_in_every_process():
+def test_code_digest_is_the_same_in_every_process():
     """Regression: the digest iterated a set of folders, whose order follows the per-process string
     hash seed, so another process (the bench's memory child) missed the cache about half the time."""
-    code = "from ortfuse.runtime import plan_cache; print(plan_cache.code_digest())"
+    code = "from ortfuse.foundation import source_digest; print(source_digest.code_digest())"
     digests = {subprocess.run([sys.executable, "-c", code],
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True,
                               check=True).stdout.strip() for seed in (0, 1, 2, 3)}
-    assert digests == {plan_cache.code_digest()}
+    assert digests == {source_digest.code_digest()}
 
 
 def test_a_plan_is_read_under_the_key_the_tuning_process_stored_it_under(model_path, monkeypatch):
@@ -220,7 +221,7 @@ def test_a_plan_is_read_under_the_key_the_tuning_process_stored_it_under(model_p
     made = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning)
     key = planning.plan_key(model_path, None, "auto", None)
     assert made.plan is not None and plan_cache.load(key) is not None
-    monkeypatch.setattr(plan_cache, "code_digest", lambda: "the serving process read other sources")
+    monkeypatch.setattr(source_digest, "code_digest", lambda: "the serving process read other sources")
     assert planning.plan_key(model_path, None, "auto", None) != key
     again = planning.prepare(model_path, None, "auto", None, mode="off", tuning=tuning)
     assert again.plan is not None and not _cached(again.report)  # under its own key: a miss, planned again

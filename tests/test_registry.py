@@ -10,8 +10,7 @@ import onnxruntime
 import pytest
 
 import ortfuse
-from ortfuse.kernels import registry
-from ortfuse.runtime import op_registration
+from ortfuse.kernels import op_registration, registry
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 

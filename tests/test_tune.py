@@ -594,9 +594,9 @@ def test_cache_key_is_the_same_whether_or_not_the_process_loaded_llvm(tmp_path):
 
 def test_cache_key_names_the_sources_it_was_measured_with(monkeypatch):
     """Decisions name matches of the rules that made them: edited sources mean a new key."""
-    from ortfuse.runtime import plan_cache
+    from ortfuse.foundation import source_digest
 
     model = hardswish_model(side=32)
     before = tune.tune(model, measure=False).key
-    monkeypatch.setattr(plan_cache, "code_digest", lambda: "other sources")
+    monkeypatch.setattr(source_digest, "code_digest", lambda: "other sources")
     assert tune.tune(model, measure=False).key != before

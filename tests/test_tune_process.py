@@ -138,7 +138,7 @@ measuring._best_of = lambda f, o, n: (0.5, 1.0)
 measuring._time_pair = lambda f, o, budget: (0.5, 1.0, [0.5] * measuring.REPEATS)
 measuring._time_with_control = lambda f, o, c, budget: raw_timing(0.5, 1.0)
 if os.environ.get("ORTFUSE_TEST_OUTPUTS_DIFFER"):
-    from ortfuse.runtime import output_check
+    from ortfuse.tune import output_check
     output_check.differing_output = lambda names, want, got, bf16: names[0]
 if os.environ.get("ORTFUSE_TEST_NOT_FINAL"):  # as when the budget ran out: the plan is not cached
     from ortfuse.tune import decisions

@@ -6,11 +6,13 @@ a fresh process about 10-20 ms per tree, so the result is memoised in ``<cache>/
 a digest of the files' relative paths, sizes and modification times (one ``stat`` each): an edited
 file changes its mtime, so the name changes and the content is read again. The folder keeps the
 newest ``KEEP`` memos. ``python tools/footprint_bench.py`` measures what a fused process pays at
-start-up.
+start-up. ``code_digest()``: the digest of ortfuse's whole sources and the runtime versions, which
+keys plans and tuning decisions.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -63,3 +65,22 @@ def tree_digest(bases: list[Path]) -> str:
         pass
     return digest
 
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 over ortfuse's Python sources (``ortfuse/`` and the folder of ``ortfuse.custom_ops``,
+    which an editable install keeps apart; found by its import spec, not imported) and the installed
+    runtime versions: what a cached plan or tuning decision was made with."""
+    import importlib.util
+
+    from ortfuse.foundation.versions import installed
+
+    folders = [Path(__file__).resolve().parents[1]]  # ortfuse/
+    spec = importlib.util.find_spec("ortfuse.custom_ops")
+    if spec is not None and spec.origin is not None:
+        folders.append(Path(spec.origin).resolve().parent)
+    h = hashlib.sha256(tree_digest(folders).encode())
+    for dist, version in installed(("onnxruntime", "onnxruntime-extensions", "numba", "onnx")).items():
+        h.update(f"{dist}={version or 'none'}".encode())
+    return h.hexdigest()

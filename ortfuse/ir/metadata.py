@@ -13,6 +13,10 @@ Keys live in ``ModelProto.metadata_props`` as strings, so stock ORT reads them t
 - ``ortfuse_rewritten``: ``"true"`` in a model whose graph ortfuse already rewrote (saved by
   ``ortfuse-annotate --rewrite``); such a graph is run as is, never matched again. It is needed
   because a graph lowered to ORT's own ops holds no ortfuse custom op to recognise it by.
+
+Serialized ``ModelProto`` bytes are also read without parsing the graph: the metadata
+(``scan_props``) and the files the model's external data names (``external_locations``, part of the
+plan cache's identity of a model).
 """
 
 from __future__ import annotations
@@ -154,3 +158,26 @@ def scan_props(data) -> dict[str, str] | None:
         return props
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
+
+
+# an external initializer names its file in a StringStringEntryProto whose key (field 1) is "location"
+EXTERNAL_DATA_MARK = b"\x0a\x08location"
+_VALUE_TAG = b"\x12"  # the entry's value (field 2), written after the key by protobuf's serializer
+
+
+def external_locations(data) -> list[str] | None:
+    """The locations the model's external-data entries name, sorted, without parsing; None when an
+    entry is not in the form protobuf's serializer writes (key, then value)."""
+    found: set[str] = set()
+    pos = data.find(EXTERNAL_DATA_MARK)
+    while pos >= 0:
+        at = pos + len(EXTERNAL_DATA_MARK)
+        try:
+            if data[at:at + 1] != _VALUE_TAG:
+                return None
+            length, at = _varint(data, at + 1)
+            found.add(bytes(data[at:at + length]).decode())
+        except (IndexError, ValueError, UnicodeDecodeError):
+            return None
+        pos = data.find(EXTERNAL_DATA_MARK, at + length)
+    return sorted(found)

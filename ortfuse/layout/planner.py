@@ -50,7 +50,7 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     import onnxruntime as ort
 
     from ortfuse.foundation.session_options import make_options
-    from ortfuse.runtime.op_registration import with_custom_ops
+    from ortfuse.kernels.op_registration import with_custom_ops
 
     if not enabled():
         return None, f"layout: {ENV}=off"

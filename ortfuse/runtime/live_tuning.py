@@ -11,7 +11,7 @@ model on this machine (``planning.Prepared.pending``):
   (``runtime.tune_process``, ``IN_CHILD``; in the thread itself where processes cannot be stopped;
   this process then imports neither the tuner nor the rewriter: their imports hold the GIL),
   opens a new ORT C session on the plan (from a file, ``files.model_file``: ORT parses bytes holding the
-  GIL), checks its outputs against stock ORT's on every recorded feed (``runtime.output_check``; the
+  GIL), checks its outputs against stock ORT's on every recorded feed (``tune.output_check``; the
   tuning process checks them beside its stock session, so this process only warms the new session
   with one run; the thread checks against the serving session), and swaps it in;
 - the swap replaces the session's C session under the lock that counts runs in flight: a run holds
@@ -69,8 +69,8 @@ from ortfuse.foundation.files import model_file
 from ortfuse.foundation.messages import one_sentence
 from ortfuse.foundation.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.fusion.report import FusionReport
-from ortfuse.runtime.output_check import check_sessions
 from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
+from ortfuse.tune.output_check import check_sessions
 
 SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
 SAMPLE_BYTES = 64 << 20  # all recorded feeds together

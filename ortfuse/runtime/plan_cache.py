@@ -26,7 +26,6 @@ Only outcomes that follow from the key alone are stored: never a step-aside.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -37,12 +36,11 @@ try:
 except ImportError:  # pragma: no cover - Windows: plans are trimmed without a check of their use
     fcntl = None  # type: ignore[assignment]
 
-from ortfuse.foundation import isa
+from ortfuse.foundation import isa, source_digest
 from ortfuse.foundation.cache_paths import PLANS, cache_dir
 from ortfuse.foundation.files import content_digest, file_state, write_atomic
 from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
-from ortfuse.foundation.source_digest import tree_digest
-from ortfuse.foundation.versions import installed
+from ortfuse.ir.metadata import external_locations
 from ortfuse.kernels import ranking
 
 FORMAT = 2  # 2: keyed by content, dependencies by digest
@@ -55,47 +53,12 @@ MAX_HELD = 64  # plan files one process holds locked against trimming
 _ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION", "ORTFUSE_LAYOUT", "ORTFUSE_WINOGRAD",
              "ORTFUSE_SE_BLOCK", "ORTFUSE_DEPTHWISE", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
-# an external initializer names its file in a StringStringEntryProto whose key (field 1) is "location"
-EXTERNAL_DATA_MARK = b"\x0a\x08location"
-_VALUE_TAG = b"\x12"  # the entry's value (field 2), written after the key by protobuf's serializer
 _made_from: dict[str, list] = {}  # key -> the file states its identity was read from (store checks them)
 _held: dict[str, int] = {}  # plan file -> a descriptor holding a shared lock on it for this process's life
 
 
 def root() -> Path:
     return cache_dir(PLANS)
-
-
-@functools.lru_cache(maxsize=1)
-def code_digest() -> str:
-    """sha256 over ortfuse's Python sources and the installed runtime versions."""
-    import ortfuse.custom_ops
-
-    package = Path(__file__).resolve().parents[1]  # ortfuse/
-    h = hashlib.sha256(tree_digest([package, Path(ortfuse.custom_ops.__file__).resolve().parent]).encode())
-    for dist, version in installed(("onnxruntime", "onnxruntime-extensions", "numba", "onnx")).items():
-        h.update(f"{dist}={version or 'none'}".encode())
-    return h.hexdigest()
-
-
-def external_locations(data) -> list[str] | None:
-    """The locations the model's external-data entries name, sorted, without parsing; None when an
-    entry is not in the form protobuf's serializer writes (key, then value)."""
-    from ortfuse.ir.metadata import _varint
-
-    found: set[str] = set()
-    pos = data.find(EXTERNAL_DATA_MARK)
-    while pos >= 0:
-        at = pos + len(EXTERNAL_DATA_MARK)
-        try:
-            if data[at:at + 1] != _VALUE_TAG:
-                return None
-            length, at = _varint(data, at + 1)
-            found.add(bytes(data[at:at + length]).decode())
-        except (IndexError, ValueError, UnicodeDecodeError):
-            return None
-        pos = data.find(EXTERNAL_DATA_MARK, at + length)
-    return sorted(found)
 
 
 def identity(source: str | bytes) -> tuple[str, list] | None:
@@ -144,7 +107,7 @@ def key(source: str | bytes, sess_options, fusion, fusion_patterns, kernels) -> 
 def _key(identity: str, sess_options, fusion, fusion_patterns, kernels) -> str:
     parts = [FORMAT, identity, repr(fusion), repr(fusion_patterns and list(fusion_patterns)), repr(kernels),
              _option_values(sess_options), [os.environ.get(k) for k in _ENV_KEYS],
-             isa.fingerprint(), ranking.digest(), code_digest()]
+             isa.fingerprint(), ranking.digest(), source_digest.code_digest()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 

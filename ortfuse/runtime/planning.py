@@ -28,7 +28,7 @@ from ortfuse.foundation.session_options import PRECISION_OPTION, config_entry, t
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
-from ortfuse.runtime.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
+from ortfuse.kernels.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
 
 if TYPE_CHECKING:
     import onnx

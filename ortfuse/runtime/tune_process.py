@@ -23,7 +23,7 @@ Contract:
   entry, ``planning.plan_entry``) and ``plan_file``, the fused model moved to a file the caller
   owns and removes (the serving process must not parse and fuse the model itself);
 - with ``check_feeds`` (the served feeds recorded), the child also runs the plan and stock ORT on
-  each of them (``runtime.output_check.check_plan``, its runs waiting while a served run is in
+  each of them (``tune.output_check.check_plan``, its runs waiting while a served run is in
   flight): ``checked_feeds`` says how many passed, ``check_error`` why the plan is not swapped in.
   The serving process then needs no stock runs of its own beside served ones;
 - ``on_start(process)`` hands the child to the caller, which stops it (SIGSTOP) while a served run
@@ -189,7 +189,7 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
     same options, each run waiting while a served run is in flight."""
     import onnxruntime as ort
 
-    from ortfuse.runtime.output_check import check_sessions
+    from ortfuse.tune.output_check import check_sessions
 
     cpu = ["CPUExecutionProvider"]
     stock = ort.InferenceSession(source, options, providers=cpu)

@@ -30,7 +30,6 @@ import hashlib
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.foundation.cache_paths import TUNING, cache_dir
 from ortfuse.ir import metadata
-from ortfuse.runtime.plan_cache import EXTERNAL_DATA_MARK
 
 _GRAPH_FIELD = 7  # ModelProto.graph
 _DOMAIN_MARK = DOMAIN.encode()  # a node of ortfuse's custom-op domain: a graph saved already fused
@@ -72,6 +71,6 @@ def may_know(data, props: dict[str, str]) -> tuple[bool, str | None]:
     digest = graph_digest_of(data)
     if digest is None:
         return True, None
-    if any(data.find(mark) >= 0 for mark in (EXTERNAL_DATA_MARK, _DOMAIN_MARK)):
+    if any(data.find(mark) >= 0 for mark in (metadata.EXTERNAL_DATA_MARK, _DOMAIN_MARK)):
         return True, digest
     return has_tuning_files(digest), digest

@@ -48,17 +48,11 @@ from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 from ortfuse.fusion.rewrite import fuse
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import registry
-from ortfuse.runtime.op_registration import warn_native_fallback, with_custom_ops
-from ortfuse.runtime.output_check import (
-    BF16_MATCH_ATOL,
-    BF16_MATCH_RTOL,
-    CHECK_ATOL,
-    CHECK_RTOL,
-    differing_output,
-)
-from ortfuse.runtime.reference_runs import run_guarded
+from ortfuse.kernels.op_registration import warn_native_fallback, with_custom_ops
+from ortfuse.kernels.reference_runs import run_guarded
 from ortfuse.tune import judge
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
+from ortfuse.tune.output_check import BF16_MATCH_ATOL, BF16_MATCH_RTOL, CHECK_ATOL, CHECK_RTOL, differing_output
 
 BUDGET_S = 30.0  # wall time of one measure(): matches not reached by then are left to ORT, unmeasured
 SUBGRAPH_BUDGET_S = 0.25  # timed wall time per distinct subgraph (both sides together)
@@ -222,7 +216,7 @@ def _plan_runner(model, fused, report, sess_options) -> Callable | None:
 
 
 def _outputs_agree(expected, got, precision: str) -> bool:
-    """Whole-model outputs within the live swap's tolerance (``runtime.output_check``)."""
+    """Whole-model outputs within the live swap's tolerance (``tune.output_check``)."""
     names = [str(i) for i in range(len(expected))]
     return differing_output(names, expected, got, precision == registry.BF16) is None
 

@@ -28,8 +28,8 @@ from ortfuse.fusion.rewrite import fuse
 from ortfuse.fusion.rulekit.result import Match
 from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import ranking, registry
+from ortfuse.kernels.op_registration import with_custom_ops
 from ortfuse.kernels.selection import choose_kernel
-from ortfuse.runtime.op_registration import with_custom_ops
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
 KEEP_LIMIT = 0.99  # auto keeps a class when its kernel runs the whole model at most this fraction of ORT's

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ortfuse.foundation import isa
+from ortfuse.foundation import isa, source_digest
 from ortfuse.foundation.cache_paths import TUNING, cache_dir
 from ortfuse.foundation.files import write_atomic
 from ortfuse.foundation.messages import one_sentence
@@ -37,7 +37,6 @@ from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
 from ortfuse.kernels import ranking, registry
-from ortfuse.runtime import plan_cache
 from ortfuse.tune import lookup
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
@@ -252,7 +251,7 @@ def _cache_key(model, ids, level, threads, shapes: dict[str, list[int]], precisi
         "versions": ranking.versions(),
         # the sources the decisions were measured with (rules, kernels): an edited checkout matches
         # and fuses otherwise, so its old decisions name other matches (as the plan cache keys)
-        "code": plan_cache.code_digest(),
+        "code": source_digest.code_digest(),
         "ranking": ranking.digest(),
         "level": str(level),
         "threads": threads,
