@@ -32,8 +32,9 @@ from ortfuse.fusion.report import FusionReport
 from ortfuse.ir.metadata import MetadataError
 from ortfuse.kernels.op_registration import with_custom_ops
 from ortfuse.kernels.reference_runs import refuse_missing_inputs, run_guarded, status_message
-from ortfuse.runtime.live_tuning import LiveTuning, accept_ortvalues, status_of
+from ortfuse.runtime.live_tuning import LiveTuning, status_of
 from ortfuse.runtime.planning import Prepared, prepare, saved_fused_ops, stepped_aside
+from ortfuse.runtime.served_runs import accept_ortvalues, bound_elsewhere
 
 CPU_PROVIDER = "CPUExecutionProvider"
 
@@ -70,7 +71,7 @@ class InferenceSession(_ort.InferenceSession):
 
     _ortfuse_reference_inputs = None  # set when the plan has reference (Python-op) kernels: guarded runs
     _ortfuse_live = None  # fusion="auto": the session's LiveTuning (status, wait, tune_with)
-    _ortfuse_counting = None  # the LiveTuning while served runs must be counted, else None (ORT's run alone)
+    _ortfuse_counting = None  # its live tuning's ServedRuns while runs must be counted, else None (ORT's run)
     _ortfuse_swapped = False  # a live tuning swapped another C session in
 
     def __init__(
@@ -188,7 +189,7 @@ class InferenceSession(_ort.InferenceSession):
     # error is raised here as ORT raises a failed node's. Sessions without reference kernels run
     # exactly as ORT's (native kernels return ORT error statuses themselves).
     # Under live tuning every run is counted in flight (tuning pauses meanwhile; a replaced C session
-    # is released only when none is) and the first feeds are recorded (ortfuse.runtime.live_tuning).
+    # is released only when none is) and the first feeds are recorded (ortfuse.runtime.served_runs).
     def run(self, output_names, input_feed, run_options=None):
         live = self._ortfuse_counting
         if live is None:
@@ -208,7 +209,7 @@ class InferenceSession(_ort.InferenceSession):
         live = self._ortfuse_live
         if live is None:
             return self._ortfuse_run_with_iobinding(iobinding, run_options)
-        before = live.bound_elsewhere(self, iobinding)
+        before = bound_elsewhere(self, iobinding)
         counting = self._ortfuse_counting
         if before is not None:  # made before a swap: runs on the C session (plan) it was made on
             if counting is None:

@@ -492,7 +492,7 @@ def test_the_tuning_measures_through_a_yielder_that_served_runs_reach(monkeypatc
     for feeds in _feeds():
         session.run(None, feeds)
     assert session.wait_tuned(WAIT_S), session.fusion_status
-    assert seen and seen[0] is session._ortfuse_live._yielder, seen
+    assert seen and seen[0] is session._ortfuse_live.served.yielder, seen
     assert seen[1] == 1, "the served run did not reach the tuning's yielder"
     assert yielding.current() is None  # this thread measures plainly
 
@@ -628,7 +628,7 @@ def test_tuned_session_runs_as_ort_runs(winning):
     model = ffn_matmul_add_relu()
     stock = _stock(model)
     session = ortfuse.InferenceSession(model, fusion="auto")
-    assert session._ortfuse_counting is session._ortfuse_live  # recording
+    assert session._ortfuse_counting is session._ortfuse_live.served  # recording
     for feeds in _feeds():
         _check(session, stock, feeds)
     assert session.wait_tuned(WAIT_S), session.fusion_status
@@ -638,11 +638,11 @@ def test_tuned_session_runs_as_ort_runs(winning):
     def counted(*args, **kwargs):
         raise AssertionError("a run went through the live tuning after it ended")
 
-    session._ortfuse_live.counted = counted  # shadows the method on this instance only
+    session._ortfuse_live.served.counted = counted  # shadows the method on this instance only
     _check(session, stock, ffn_inputs(seed=100))
-    del session._ortfuse_live.counted
+    del session._ortfuse_live.served.counted
     session.tune_with(_feeds(2))  # tuning again: runs are counted (and pause it) until it ends
-    assert session._ortfuse_counting is session._ortfuse_live or session.wait_tuned(0)
+    assert session._ortfuse_counting is session._ortfuse_live.served or session.wait_tuned(0)
     assert session.wait_tuned(WAIT_S), session.fusion_status
     _check(session, stock, ffn_inputs(seed=101))
     assert session._ortfuse_counting is None

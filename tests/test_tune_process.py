@@ -15,7 +15,7 @@ import pytest
 
 import ortfuse
 from ortfuse.foundation import child_process, yielding
-from ortfuse.runtime import live_tuning, planning, tune_process
+from ortfuse.runtime import live_tuning, planning, served_runs, tune_process
 from ortfuse.tune import tuner as tune
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
@@ -100,8 +100,8 @@ def test_the_process_tunes_beside_served_runs_and_the_session_swaps_without_pars
     process was stopped for served runs, the serving thread never parsed the model, and every
     output equals stock ORT's."""
     signals: list[str] = []
-    real_signal = live_tuning._signal
-    monkeypatch.setattr(live_tuning, "_signal",
+    real_signal = served_runs._signal
+    monkeypatch.setattr(served_runs, "_signal",
                         lambda process, name: (signals.append(name), real_signal(process, name)))
     parsed: list = []
     real_load = planning.load_for_fusion

@@ -209,24 +209,25 @@ def test_the_compiling_child_is_stopped_while_a_run_is_in_flight(tmp_path, monke
     monkeypatch.delenv("ORTFUSE_TUNE", raising=False)
     session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")
     live = session._ortfuse_live
+    served = live.served
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        live.begin()  # a run in flight when the child starts: stopped at once
+        served.begin()  # a run in flight when the child starts: stopped at once
         live._compiling(child)
         time.sleep(0.2)
         assert _state(child.pid) == "T"
-        live.end()
+        served.end()
         time.sleep(0.2)
         assert _state(child.pid) in "RS", _state(child.pid)
-        live.begin()
+        served.begin()
         time.sleep(0.2)
         assert _state(child.pid) == "T"
-        live.end()
+        served.end()
         live._compiling(None)
-        live.begin()  # the compile ended: no signal to the old child
+        served.begin()  # the compile ended: no signal to the old child
         time.sleep(0.2)
         assert _state(child.pid) in "RS"
-        live.end()
+        served.end()
     finally:
         child.kill()
         child.wait()

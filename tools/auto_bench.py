@@ -147,7 +147,7 @@ def child(name: str, args) -> dict:
 
     def serve_block(block: str) -> None:
         session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
-        held = live if block != "auto" else None
+        held = live.served if live is not None and block != "auto" else None
         if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
             held.begin()
         try:

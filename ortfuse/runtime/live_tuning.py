@@ -1,5 +1,6 @@
 """``fusion="auto"`` tuned on live traffic, then an atomic swap of the session's ORT C session
-(docs/ARCHITECTURE.md §7).
+(docs/ARCHITECTURE.md §7): the tuning driver. The serving side (served runs counted, the swap
+itself) is ``ortfuse.runtime.served_runs``.
 
 Contract, in ``background`` mode (``session_options.tune_mode``) when nothing is known yet for the
 model on this machine (``planning.Prepared.pending``):
@@ -13,13 +14,8 @@ model on this machine (``planning.Prepared.pending``):
   opens a new ORT C session on the plan (from a file, ``files.model_file``: ORT parses bytes holding the
   GIL), checks its outputs against stock ORT's on every recorded feed (``tune.output_check``; the
   tuning process checks them beside its stock session, so this process only warms the new session
-  with one run; the thread checks against the serving session), and swaps it in;
-- the swap replaces the session's C session under the lock that counts runs in flight: a run holds
-  the C session it started on until it returns (a replaced one is released when no run is in flight,
-  never on an ORT thread), later runs use the new one; no run fails or mixes plans;
-- an ``IOBinding`` made before the swap stays bound to the C session it was made on and keeps
-  running there (the old plan); ``session.io_binding()`` after the swap gives the new plan; OrtValues
-  made by ``create_ortvalue_from_shape_and_type`` before the swap are accepted after it (CPU memory);
+  with one run; the thread checks against the serving session), and swaps it in
+  (``ServedRuns.swap``: under the lock that counts runs in flight, no run fails or mixes plans);
 - tuning yields to serving: the tuning process runs at the lowest CPU priority (a served request that
   wakes while it computes gets a core at once; ``child_process.background_priority``), is stopped
   (SIGSTOP) while a served run is in flight
@@ -51,7 +47,6 @@ starts a tuning on given feeds, in any mode. ``timeline``: the tuning's steps an
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import shutil
 import sys
@@ -60,9 +55,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-from onnxruntime import OrtValue
 
 from ortfuse.foundation import child_process, yielding
 from ortfuse.foundation.files import model_file
@@ -70,6 +62,7 @@ from ortfuse.foundation.messages import one_sentence
 from ortfuse.foundation.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.fusion.report import FusionReport
 from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
+from ortfuse.runtime.served_runs import ServedRuns, Unfit, remove, swap_unsupported
 from ortfuse.tune.output_check import check_sessions
 
 SAMPLE_RUNS = 8  # served feeds recorded before tuning starts
@@ -81,7 +74,6 @@ HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stop
 WALL_STOP = 8.0
 IN_CHILD = True  # measure in a process of its own (runtime.tune_process) where it can be stopped (SIGSTOP)
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
-RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
 
 _live: weakref.WeakSet = weakref.WeakSet()  # tunings with a thread, stopped at interpreter exit
 
@@ -89,10 +81,6 @@ _live: weakref.WeakSet = weakref.WeakSet()  # tunings with a thread, stopped at 
 class _Stopped(BaseException):
     """Raised in the tuning thread to stop it (budget spent, session closed, interpreter exiting);
     a BaseException so that no ``except Exception`` on the way turns it into a result."""
-
-
-class _Unfit(Exception):
-    """The tuned plan cannot be swapped in; the message says why."""
 
 
 def status_of(report: FusionReport) -> str:
@@ -121,18 +109,11 @@ class LiveTuning:
         self._patterns: list[str] | None = list(prepared.report.patterns) or None
         self._disabled = set(disabled_optimizers or ())
         self._budget = budget_of(sess_options)
-        self._lock = threading.RLock()  # re-entered by the gate when it fires inside the yielder's waits
-        self._idle = threading.Condition(self._lock)
-        self._inflight = 0
-        self._runs = 0
         self._samples: list[dict] = []
         self._sample_bytes = 0
-        self._recording = bool(prepared.pending)
+        self.recording = bool(prepared.pending)  # served feeds are recorded (read and set under served.lock)
         # creation found nothing (maybe from the bytes alone, ortfuse.tune.lookup): look again, parsed, first
-        self._deferred = self._recording and not prepared.report.matches
-        self._retired: list = []  # replaced C sessions, released when no run is in flight
-        self._child = None  # the process compiling kernels or tuning, stopped while a run is in flight
-        self._counts: yielding.SharedCounts | None = None  # served runs, as that tuning process reads them
+        self._deferred = self.recording and not prepared.report.matches
         self._compile_since: float | None = None  # when it started (its time is not the tuning's work)
         self._paused = 0.0
         self._t0 = time.perf_counter()
@@ -140,119 +121,40 @@ class LiveTuning:
         self._checked_in_child = False  # the tuning process checked the plan's outputs on every recorded feed
         self._plan_file = ""  # a plan file the tuning process handed over (tune_process.Outcome.plan_file)
         self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
-        self._yielder = yielding.Yielder(self._idle, lambda: self._inflight > 0,
-                                          lambda: self._stop or self._over_wall(), self._add_pause)
         self._thread: threading.Thread | None = None
-        self._running = False  # a tuning was started and has not ended (set under the lock)
+        self.running = False  # a tuning was started and has not ended (read and set under served.lock)
         self._done = threading.Event()
         self._stop = False
-        self._status = self._recording_status() if self._recording else status_of(prepared.report)
-        if self._recording:
+        self.served = ServedRuns(session, self, lambda: self._stop or self._over_wall(), self._add_pause)
+        self._status = self._recording_status() if self.recording else status_of(prepared.report)
+        if self.recording:
             prepared.report.notes.append(
                 f"auto: serving stock ORT; tuning in the background on the first {SAMPLE_RUNS} served feeds, then "
                 "swapping to the faster plan (session.wait_tuned() waits, session.fusion_status tells)")
         else:
             self._done.set()
-        # served runs go through ``counted`` only while this tuning records, runs or holds a replaced
-        # C session; otherwise the session's run is ORT's alone, so a session that keeps stock ORT pays
-        # nothing per run (tests/test_live_tuning.py::test_tuned_session_runs_as_ort_runs)
-        session._ortfuse_counting = self if self._recording else None
+        # served runs go through ``served.counted`` only while this tuning records, runs or a replaced
+        # C session waits; otherwise the session's run is ORT's alone, so a session that keeps stock ORT
+        # pays nothing per run (tests/test_live_tuning.py::test_tuned_session_runs_as_ort_runs)
+        session._ortfuse_counting = self.served if self.recording else None
 
-    # ------------------------------------------------------------------ served runs
+    # ------------------------------------------------------------------ recorded feeds
 
-    def _attach(self) -> None:
-        """Served runs are counted (and recorded) from now on."""
-        session = self._session()
-        if session is not None:
-            session._ortfuse_counting = self
-
-    def _detach_if_idle(self) -> None:
-        """Served runs go straight to ORT again once nothing needs them counted: no recording, no
-        tuning, no replaced C session waiting for runs in flight. A run that read the counter just
-        before holds its C session through its own call, so none is released under it."""
-        session = self._session()
-        with self._lock:
-            if (session is not None and session._ortfuse_counting is self and not self._recording
-                    and not self._running and not self._retired and self._inflight == 0):
-                session._ortfuse_counting = None
-        del session
-
-    def begin(self, feeds: Mapping | None = None) -> None:
-        """A run starts (``feeds``: its inputs, recorded while recording)."""
-        with self._lock:
-            self._inflight += 1
-            self._runs += 1
-            record = self._recording
-            self._yielder.served_locked()
-            if self._counts is not None:
-                self._counts.served()
-            if self._inflight == 1 and self._child is not None:
-                _signal(self._child, "SIGSTOP")
-        if record and feeds is not None:
-            self._record(feeds)
-
-    def end(self, release: bool = True) -> None:
-        """A run ended; ``release``: this thread may release replaced C sessions (never an ORT thread)."""
-        retired: list = []
-        with self._lock:
-            self._inflight -= 1
-            if self._counts is not None:
-                self._counts.ended()
-            if self._inflight == 0:
-                self._idle.notify_all()
-                if self._child is not None:
-                    _signal(self._child, "SIGCONT")
-                if release and self._retired:
-                    retired, self._retired = self._retired, []
-        del retired  # the replaced C sessions go here, outside the lock
-        if release and not self._running and not self._recording:
-            self._detach_if_idle()
-
-    def counted(self, feeds: Mapping | None, call, *args):
-        """``call(*args)`` as a run in flight (``feeds`` recorded while recording)."""
-        self.begin(feeds)
-        try:
-            return call(*args)
-        finally:
-            self.end()
-
-    def counted_async(self, feeds: Mapping | None, callback, start):
-        """``start(finish)`` starts an async run whose completion calls ``finish``; the run is in
-        flight until ``callback`` (the caller's) has returned."""
-        self.begin(feeds)
-
-        def finish(outputs, data, err):
-            try:
-                callback(outputs, data, err)
-            finally:
-                self.end(release=False)  # an ORT thread: it must not release a C session
-
-        try:
-            return start(finish)
-        except BaseException:  # refused before it started: nothing in flight
-            self.end()
-            raise
-
-    def bound_elsewhere(self, session, iobinding):
-        """The C session an IOBinding made by ``session`` before a swap is bound to, else None."""
-        bound, current = getattr(iobinding, "_session", None), session._sess
-        if bound is not None and bound is not current and getattr(iobinding, "_ortfuse_owner", None) is session:
-            return bound
-        return None
-
-    def _record(self, feeds: Mapping) -> None:
+    def record(self, feeds: Mapping) -> None:
+        """Record a served run's feeds (``ServedRuns.begin`` calls this while ``recording``); the
+        tuning starts once ``SAMPLE_RUNS`` are recorded, or the next would pass ``SAMPLE_BYTES``."""
         copy = copy_feeds(feeds)
         if copy is None:
             return
         size = sum(a.nbytes for a in copy.values())
         start = False
-        with self._lock:
-            if not self._recording:
+        with self.served.lock:
+            if not self.recording:
                 return
             if self._sample_bytes + size > SAMPLE_BYTES:  # the cap: tune on what fits, if anything does
-                self._recording = False
+                self.recording = False
                 if self._samples:
-                    self._running = start = True
+                    self.running = start = True
                 else:
                     self._status = (f"stock ORT: the served feeds ({size >> 20} MiB) exceed the "
                                     f"{SAMPLE_BYTES >> 20} MiB sample cap; hand smaller inputs to session.tune_with()")
@@ -262,8 +164,8 @@ class LiveTuning:
                 self._sample_bytes += size
                 self._status = self._recording_status()
                 if len(self._samples) >= SAMPLE_RUNS:
-                    self._recording = False
-                    self._running = start = True
+                    self.recording = False
+                    self.running = start = True
         if start:
             self._start()
 
@@ -284,14 +186,14 @@ class LiveTuning:
         copies = [copy_feeds(f) for f in feeds_list]
         if not copies or any(c is None for c in copies):
             raise ValueError("tune_with takes a non-empty list of feeds: dicts of input name to array")
-        with self._lock:
-            if self._running:
+        with self.served.lock:
+            if self.running:
                 raise RuntimeError("a tuning is running on this session; call wait_tuned() first")
             self._samples = [c for c in copies if c is not None][:SAMPLE_RUNS]
-            self._recording = False
-            self._running = True
+            self.recording = False
+            self.running = True
             self._done.clear()
-        self._attach()
+        self.served.attach()
         self._start()
 
     # ------------------------------------------------------------------ the tuning thread
@@ -308,7 +210,7 @@ class LiveTuning:
         self._paused = 0.0
         status = ""
         yielding.fast_switching(True)
-        yielding.install(self._yielder)
+        yielding.install(self.served.yielder)
         try:
             gate = self._gate()
             sys.setprofile(gate)
@@ -325,7 +227,7 @@ class LiveTuning:
         except yielding.Starved as exc:
             status = (f"stock ORT: tuning stopped: {exc} (it measures only while no served run is in flight; "
                       "hand inputs to session.tune_with() at a quiet time, or run `ortfuse tune`)")
-        except _Unfit as exc:
+        except Unfit as exc:
             status = f"stock ORT: {exc}"
         except Exception as exc:  # the session keeps serving the plan it has
             status = f"stock ORT: tuning failed: {one_sentence(exc)}"
@@ -335,21 +237,21 @@ class LiveTuning:
             yielding.fast_switching(False)
             self._samples, self._sample_bytes = [], 0
             if self._plan_file:  # handed over but not swapped in
-                _remove(self._plan_file)
+                remove(self._plan_file)
                 self._plan_file = ""
             session = self._session()
-            if session is not None and status.startswith("stock ORT: ") and not self._swapped_once():
+            if session is not None and status.startswith("stock ORT: ") and self.served.swapped_at is None:
                 why = status[len("stock ORT: "):]
                 session.fusion_report.notes.append(f"auto: live tuning: {why}")
                 if not session.fusion_report.applied:
                     session.fusion_report.reason = f"fusion='auto': live tuning: {why}; stock ORT"
             del session
             self._status = status or self._status
-            with self._lock:
-                self._running = False
+            with self.served.lock:
+                self.running = False
             self._done.set()
-        self._release_when_idle()
-        self._detach_if_idle()
+        self.served.release_when_idle(lambda: self._stop)
+        self.served.detach_if_idle()
 
     def _mark(self, event: str) -> None:
         self.timeline.append((event, time.perf_counter()))
@@ -370,17 +272,11 @@ class LiveTuning:
         """A child process compiling kernels or tuning starts (stopped at once if a run is in flight) or
         ends (None); its time is not this thread's work."""
         self._mark("child started" if child is not None else "child ended")
-        with self._lock:
-            self._child = child
-            if child is not None and self._inflight:
-                _signal(child, "SIGSTOP")
-            now = time.perf_counter()
-            if child is None and self._compile_since is not None:  # another process's work, bounded apart
-                self._paused += now - self._compile_since
-            self._compile_since = now if child is not None else None
-
-    def _swapped_once(self) -> bool:
-        return getattr(self, "_swapped_at", None) is not None
+        self.served.hold(child)
+        now = time.perf_counter()
+        if child is None and self._compile_since is not None:  # another process's work, bounded apart
+            self._paused += now - self._compile_since
+        self._compile_since = now if child is not None else None
 
     def _gate(self):
         """The tuning thread's profile hook: pause while a run is in flight; every ``CHECK_EVERY``
@@ -388,13 +284,14 @@ class LiveTuning:
         few operations per call: it runs on every Python and C call of the thread."""
         clock, tick = time.perf_counter, [CHECK_EVERY]
         limit, wall = HARD_STOP * self._budget, WALL_STOP * self._budget
+        served = self.served
 
         def gate(frame, event, arg) -> None:
-            if self._inflight:
+            if served.inflight:
                 start = now = clock()
-                with self._lock:
-                    while self._inflight and not self._stop and now - self._t0 < wall:
-                        self._idle.wait(0.05)
+                with served.lock:
+                    while served.inflight and not self._stop and now - self._t0 < wall:
+                        served.idle.wait(0.05)
                         now = clock()
                 self._paused += clock() - start
                 self._starved_check()
@@ -425,7 +322,7 @@ class LiveTuning:
 
         model, why_not = planning.load_model(self._source, self._options)
         if model is None:
-            raise _Unfit(f"tuning failed: {why_not}")
+            raise Unfit(f"tuning failed: {why_not}")
         if self._patterns is None:
             self._patterns = list(planning.requested_patterns(model, self._fusion_patterns))
         fused = self._fuse_all(model)
@@ -440,12 +337,12 @@ class LiveTuning:
             tuning = tuner.tune(model, self._patterns, self._options, sample=sample, measure=True,
                                 budget_s=self._budget)
         if tuning.failure:
-            raise _Unfit(f"tuning failed: {tuning.failure}")
+            raise Unfit(f"tuning failed: {tuning.failure}")
         del model
         prepared = planning.prepare(self._source, self._options, self._fusion, self._fusion_patterns, mode="off",
                                     tuning=tuning)
         prepared.report.notes.append(f"auto: tuned on {len(self._samples)} served feeds "
-                                     f"(shapes {shapes_of(sample)}; {self._yielder.discarded} runs or timings "
+                                     f"(shapes {shapes_of(sample)}; {self.served.yielder.discarded} runs or timings "
                                      "disturbed by served runs discarded and taken again)")
         prepared.report.notes.extend(self._notes)
         return prepared
@@ -456,24 +353,25 @@ class LiveTuning:
 
         folder = tempfile.mkdtemp(prefix="ortfuse-served-")
         try:
-            with self._lock:
-                self._counts = yielding.SharedCounts(os.path.join(folder, "counts"), create=True)
+            counts = yielding.SharedCounts(os.path.join(folder, "counts"), create=True)
+            with self.served.lock:
+                self.served.counts = counts
             outcome = tune_process.tune(self._source, self._options, self._fusion, self._fusion_patterns, sample,
-                                        self._budget, self._counts.path, lookup_first=self._deferred,
+                                        self._budget, counts.path, lookup_first=self._deferred,
                                         check_feeds=self._samples,
                                         on_start=self._compiling, stopped=lambda: self._stop or self._over_wall())
         finally:
-            with self._lock:
-                self._counts = None
+            with self.served.lock:
+                self.served.counts = None
             shutil.rmtree(folder, ignore_errors=True)
         self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
         if self._stop:
             raise _Stopped("the session was closed")
         self._starved_check()
         if outcome.tuning is None:
-            raise _Unfit(outcome.error)
+            raise Unfit(outcome.error)
         if outcome.check_error:
-            raise _Unfit(outcome.check_error)
+            raise Unfit(outcome.check_error)
         self._checked_in_child = outcome.checked_feeds == len(self._samples)
         tuning = Tuning.from_dict(outcome.tuning, outcome.path)
         tuning.from_cache = outcome.from_cache
@@ -499,7 +397,7 @@ class LiveTuning:
         if session is None:
             raise _Stopped("the session was closed")
         if prepared.reference_inputs is not None or session._ortfuse_reference_inputs is not None:
-            raise _Unfit("the faster plan needs reference (Python-op) kernels, which a live swap does not take; "
+            raise Unfit("the faster plan needs reference (Python-op) kernels, which a live swap does not take; "
                          "a new session uses it")
         new = self._build(session, prepared)
         self._mark("plan's session built")
@@ -522,7 +420,7 @@ class LiveTuning:
         """A new ORT C session on the fused plan, made as ORT's ``_create_inference_session`` makes one."""
         why = swap_unsupported(session)
         if why:
-            raise _Unfit(why)
+            raise Unfit(why)
         from onnxruntime.capi import _pybind_state as C
         from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args
 
@@ -540,7 +438,7 @@ class LiveTuning:
         """The fused C session computes what the serving one does on every recorded feed."""
         why = check_sessions(serving, fused, self._samples, names, self._options)
         if why:
-            raise _Unfit(why)
+            raise Unfit(why)
 
     def _warm(self, fused, names: list[str]) -> None:
         """One run of the checked plan's new C session on a recorded feed, yielding to served runs:
@@ -548,7 +446,7 @@ class LiveTuning:
         try:
             yielding.run(lambda options: fused.run(names, self._samples[0], options))
         except Exception as exc:
-            raise _Unfit(f"the fused plan failed on served feed 1 in this process ({one_sentence(exc)}); "
+            raise Unfit(f"the fused plan failed on served feed 1 in this process ({one_sentence(exc)}); "
                          "kept stock ORT") from exc
 
     def _swap(self, prepared, new) -> str:
@@ -560,96 +458,21 @@ class LiveTuning:
             session.fusion_report = prepared.report
             return "stock ORT: no fusion measured faster" if prepared.report.matches else \
                 "stock ORT: no pattern matches this model"
-        source = prepared.source
-        with self._lock:
-            old = session._sess
-            kept = dict(vars(session))
-            try:  # ORT's private API: a failure leaves the session as it was, serving its plan
-                session._bind_session(new)
-            except Exception as exc:
-                vars(session).update(kept)
-                raise _Unfit(f"onnxruntime {_ort_version()} did not take the new plan's session "
-                             f"({one_sentence(exc)}); kept the current plan") from exc
-            session._model_path, session._model_bytes = (source, None) if isinstance(source, str) else (None, source)
-            session._sess_options_initial = prepared.sess_options
-            session._ortfuse_disabled_optimizers = prepared.disabled_optimizers
-            self._retired.append(old)
-            session._ortfuse_swapped = True  # OrtValues made before now belong to another C session
-            self._swapped_at = self._runs + 1
-            prepared.report.notes.append(f"auto: swapped in from served run {self._swapped_at}")
-            session.fusion_report = prepared.report
-            if self._plan_file:  # the session's model path from now on (ORT re-reads it on set_providers)
-                weakref.finalize(session, _remove, self._plan_file)
-                self._plan_file = ""
+        at = self.served.swap(session, prepared, new, self._plan_file)
+        self._plan_file = ""  # the session's model path now, removed when the session goes
         report = session.fusion_report
-        return f"fused since run {self._swapped_at}: {len(report.fused)} of {len(report.matches)} matches kept"
-
-    def _release_when_idle(self) -> None:
-        """Release replaced C sessions from this thread once no run is in flight (served runs' own
-        ends release them too)."""
-        deadline = time.monotonic() + RELEASE_WAIT_S
-        retired: list = []
-        with self._lock:
-            while self._retired and self._inflight and not self._stop and time.monotonic() < deadline:
-                self._idle.wait(0.05)
-            if not self._inflight:
-                retired, self._retired = self._retired, []
-        del retired
+        return f"fused since run {at}: {len(report.fused)} of {len(report.matches)} matches kept"
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the tuning thread (its ORT runs in flight aborted, the thread at its next Python call)
         and wait for it up to ``timeout`` seconds."""
         self._stop = True
-        with self._lock:
-            self._yielder.abort_locked()
-            self._idle.notify_all()
+        with self.served.lock:
+            self.served.yielder.abort_locked()
+            self.served.idle.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-
-
-def _ort_version() -> str:
-    import onnxruntime
-
-    return getattr(onnxruntime, "__version__", "?")
-
-
-def swap_unsupported(session) -> str:
-    """Why this onnxruntime cannot take a plan swapped into a live session ("" when it can): the swap
-    uses ORT's private ``InferenceSession._bind_session``, ``_pybind_state.InferenceSession`` and
-    ``check_and_normalize_provider_args``, which an onnxruntime the package accepts may lack."""
-    try:
-        from onnxruntime.capi import _pybind_state as C
-        from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args  # noqa: F401
-    except ImportError as exc:
-        return f"onnxruntime {_ort_version()} lacks what a live swap needs ({exc}); a new session uses the plan"
-    missing = [name for name, found in (("InferenceSession._bind_session", getattr(type(session), "_bind_session",
-                                                                                     None)),
-                                        ("_pybind_state.InferenceSession", getattr(C, "InferenceSession", None)))
-               if not callable(found)]
-    if missing:
-        return (f"onnxruntime {_ort_version()} has no {', '.join(missing)}, which a live swap needs; a new session "
-                "uses the tuned plan")
-    return ""
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _signal(process, name: str) -> None:
-    """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has ended."""
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        process.send_signal(getattr(signal, name))
-
-
-def accept_ortvalues(session, values: Iterable[Any]) -> list:
-    """The values ORT's ownership check should see: OrtValues made by ``session`` before a swap
-    (tagged by ``create_ortvalue_from_shape_and_type``) are CPU memory any of its C sessions can read."""
-    return [v for v in values if not isinstance(v, OrtValue) or getattr(v, "_ortfuse_owner", None) is not session]
 
 
 @atexit.register

@@ -1,0 +1,240 @@
+"""The serving side of a live tuning (docs/ARCHITECTURE.md §7): served runs counted in flight, the
+tuning told of each, and the atomic swap of the session's ORT C session (the tuning driver that
+decides what to swap in is ``ortfuse.runtime.live_tuning``).
+
+Contract:
+- ``counted(feeds, call, *args)`` runs ``call(*args)`` as a run in flight (``counted_async`` for a
+  run that completes on an ORT thread): under one lock it counts the run in (``begin``), tells the
+  tuning's yielder (its runs in flight are aborted) and the tuning process's shared counts, and stops
+  the tuning's child process (SIGSTOP) when it is the first run in flight; the run's feeds go to the
+  tuning while it records them; ``end`` counts it out, continues the child (SIGCONT) when no run is
+  in flight and releases replaced C sessions then (never on an ORT thread);
+- served runs are counted only while the tuning needs them counted (it records feeds or runs) or a
+  replaced C session waits for runs in flight: ``attach`` routes the session's runs here
+  (``session._ortfuse_counting``), ``detach_if_idle`` gives them back to ORT's run alone. A run that
+  read the counter just before holds its C session through its own call, so none is released under it;
+- ``swap`` replaces the session's C session under the same lock: a run holds the C session it
+  started on until it returns, later runs use the new one; no run fails or mixes plans. If ORT's
+  private API refuses, the session keeps its attributes and serves its current plan (``Unfit``);
+- an ``IOBinding`` made before a swap stays bound to the C session it was made on
+  (``bound_elsewhere``), and OrtValues made by ``create_ortvalue_from_shape_and_type`` before a swap
+  are accepted after it (``accept_ortvalues``: CPU memory any of the session's C sessions can read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from onnxruntime import OrtValue
+
+from ortfuse.foundation import yielding
+from ortfuse.foundation.messages import one_sentence
+
+RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
+
+
+class Unfit(Exception):
+    """The tuned plan cannot be swapped in; the message says why."""
+
+
+class ServedRuns:
+    """The served runs of one session with a live tuning beside them (see the module docstring).
+
+    ``tuning`` is what the serving side asks of that tuning: ``recording`` (whether served feeds are
+    recorded), ``running`` (whether a tuning runs; both read and set under ``lock``) and
+    ``record(feeds)`` (called outside the lock). ``stopped()`` and ``paused(seconds)`` are the
+    tuning's, for its ``yielder``."""
+
+    def __init__(self, session, tuning, stopped: Callable[[], bool], paused: Callable[[float], None]) -> None:
+        self._session = weakref.ref(session)
+        self._tuning = tuning
+        self.lock = threading.RLock()  # re-entered by the tuning's gate when it fires inside the yielder's waits
+        self.idle = threading.Condition(self.lock)
+        self.inflight = 0
+        self.runs = 0
+        self.retired: list = []  # replaced C sessions, released when no run is in flight
+        self.child = None  # the process compiling kernels or tuning, stopped while a run is in flight
+        self.counts: yielding.SharedCounts | None = None  # served runs, as that tuning process reads them
+        self.swapped_at: int | None = None  # the served run the last swap took effect from
+        self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
+
+    # ------------------------------------------------------------------ counting
+
+    def attach(self) -> None:
+        """Served runs are counted (and recorded) from now on."""
+        session = self._session()
+        if session is not None:
+            session._ortfuse_counting = self
+
+    def detach_if_idle(self) -> None:
+        """Served runs go straight to ORT again once nothing needs them counted: no recording, no
+        tuning, no replaced C session waiting for runs in flight."""
+        session = self._session()
+        with self.lock:
+            if (session is not None and session._ortfuse_counting is self and not self._tuning.recording
+                    and not self._tuning.running and not self.retired and self.inflight == 0):
+                session._ortfuse_counting = None
+        del session
+
+    def begin(self, feeds: Mapping | None = None) -> None:
+        """A run starts (``feeds``: its inputs, recorded while recording)."""
+        with self.lock:
+            self.inflight += 1
+            self.runs += 1
+            record = self._tuning.recording
+            self.yielder.served_locked()
+            if self.counts is not None:
+                self.counts.served()
+            if self.inflight == 1 and self.child is not None:
+                _signal(self.child, "SIGSTOP")
+        if record and feeds is not None:
+            self._tuning.record(feeds)
+
+    def end(self, release: bool = True) -> None:
+        """A run ended; ``release``: this thread may release replaced C sessions (never an ORT thread)."""
+        retired: list = []
+        with self.lock:
+            self.inflight -= 1
+            if self.counts is not None:
+                self.counts.ended()
+            if self.inflight == 0:
+                self.idle.notify_all()
+                if self.child is not None:
+                    _signal(self.child, "SIGCONT")
+                if release and self.retired:
+                    retired, self.retired = self.retired, []
+        del retired  # the replaced C sessions go here, outside the lock
+        if release and not self._tuning.running and not self._tuning.recording:
+            self.detach_if_idle()
+
+    def counted(self, feeds: Mapping | None, call, *args):
+        """``call(*args)`` as a run in flight (``feeds`` recorded while recording)."""
+        self.begin(feeds)
+        try:
+            return call(*args)
+        finally:
+            self.end()
+
+    def counted_async(self, feeds: Mapping | None, callback, start):
+        """``start(finish)`` starts an async run whose completion calls ``finish``; the run is in
+        flight until ``callback`` (the caller's) has returned."""
+        self.begin(feeds)
+
+        def finish(outputs, data, err):
+            try:
+                callback(outputs, data, err)
+            finally:
+                self.end(release=False)  # an ORT thread: it must not release a C session
+
+        try:
+            return start(finish)
+        except BaseException:  # refused before it started: nothing in flight
+            self.end()
+            raise
+
+    def hold(self, child) -> None:
+        """``child`` (a ``subprocess.Popen`` of the tuning, or None once it has ended) is stopped
+        while a served run is in flight: at once if one is."""
+        with self.lock:
+            self.child = child
+            if child is not None and self.inflight:
+                _signal(child, "SIGSTOP")
+
+    # ------------------------------------------------------------------ the swap
+
+    def swap(self, session, prepared, new, plan_file: str = "") -> int:
+        """Swap the checked C session ``new`` of the plan ``prepared`` into ``session``; returns the
+        served run it takes effect from. ``plan_file``: the plan's model file, removed when the
+        session goes. ``Unfit`` when onnxruntime refuses it (the session is left as it was)."""
+        source = prepared.source
+        with self.lock:
+            old = session._sess
+            kept = dict(vars(session))
+            try:  # ORT's private API: a failure leaves the session as it was, serving its plan
+                session._bind_session(new)
+            except Exception as exc:
+                vars(session).update(kept)
+                raise Unfit(f"onnxruntime {_ort_version()} did not take the new plan's session "
+                            f"({one_sentence(exc)}); kept the current plan") from exc
+            session._model_path, session._model_bytes = (source, None) if isinstance(source, str) else (None, source)
+            session._sess_options_initial = prepared.sess_options
+            session._ortfuse_disabled_optimizers = prepared.disabled_optimizers
+            self.retired.append(old)
+            session._ortfuse_swapped = True  # OrtValues made before now belong to another C session
+            self.swapped_at = self.runs + 1
+            prepared.report.notes.append(f"auto: swapped in from served run {self.swapped_at}")
+            session.fusion_report = prepared.report
+            if plan_file:  # the session's model path from now on (ORT re-reads it on set_providers)
+                weakref.finalize(session, remove, plan_file)
+            return self.swapped_at
+
+    def release_when_idle(self, stopped: Callable[[], bool]) -> None:
+        """Release replaced C sessions from this thread once no run is in flight (served runs' own
+        ends release them too); waits at most ``RELEASE_WAIT_S``, or until ``stopped()``."""
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        retired: list = []
+        with self.lock:
+            while self.retired and self.inflight and not stopped() and time.monotonic() < deadline:
+                self.idle.wait(0.05)
+            if not self.inflight:
+                retired, self.retired = self.retired, []
+        del retired
+
+
+def bound_elsewhere(session, iobinding):
+    """The C session an IOBinding made by ``session`` before a swap is bound to, else None."""
+    bound, current = getattr(iobinding, "_session", None), session._sess
+    if bound is not None and bound is not current and getattr(iobinding, "_ortfuse_owner", None) is session:
+        return bound
+    return None
+
+
+def accept_ortvalues(session, values: Iterable[Any]) -> list:
+    """The values ORT's ownership check should see: OrtValues made by ``session`` before a swap
+    (tagged by ``create_ortvalue_from_shape_and_type``) are CPU memory any of its C sessions can read."""
+    return [v for v in values if not isinstance(v, OrtValue) or getattr(v, "_ortfuse_owner", None) is not session]
+
+
+def swap_unsupported(session) -> str:
+    """Why this onnxruntime cannot take a plan swapped into a live session ("" when it can): the swap
+    uses ORT's private ``InferenceSession._bind_session``, ``_pybind_state.InferenceSession`` and
+    ``check_and_normalize_provider_args``, which an onnxruntime the package accepts may lack."""
+    try:
+        from onnxruntime.capi import _pybind_state as C
+        from onnxruntime.capi.onnxruntime_inference_collection import check_and_normalize_provider_args  # noqa: F401
+    except ImportError as exc:
+        return f"onnxruntime {_ort_version()} lacks what a live swap needs ({exc}); a new session uses the plan"
+    missing = [name for name, found in (("InferenceSession._bind_session", getattr(type(session), "_bind_session",
+                                                                                     None)),
+                                        ("_pybind_state.InferenceSession", getattr(C, "InferenceSession", None)))
+               if not callable(found)]
+    if missing:
+        return (f"onnxruntime {_ort_version()} has no {', '.join(missing)}, which a live swap needs; a new session "
+                "uses the tuned plan")
+    return ""
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return getattr(onnxruntime, "__version__", "?")
+
+
+def remove(path: str) -> None:
+    """Remove the file ``path`` if it is there."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _signal(process, name: str) -> None:
+    """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has ended."""
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        process.send_signal(getattr(signal, name))
