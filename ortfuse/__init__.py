@@ -22,6 +22,7 @@ from ortfuse import _version  # noqa: E402
 
 ortfuse_version: str = _version.__version__  # ortfuse's own version
 from ortfuse.fusion.report import FusionReport as FusionReport  # noqa: E402 - after the namespace copy
+from ortfuse.runtime.options_copy import SessionOptions as SessionOptions  # noqa: E402 - records what ORT cannot read
 from ortfuse.session import InferenceSession as InferenceSession  # noqa: E402
 
 

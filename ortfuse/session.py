@@ -12,6 +12,9 @@ Contract (planning itself: ``ortfuse.runtime.planning``):
   initializers supplied through SessionOptions, an available accelerator provider first, options
   that record node placement or save the optimized model, nothing matched), it steps aside and ORT
   gets the original input: never an error where ORT succeeds. ``fusion_report`` says what happened.
+- The caller's ``SessionOptions`` are not modified: a fused session runs on a copy carrying ortfuse's
+  ops (``ortfuse.runtime.options_copy``); options of ``onnxruntime.SessionOptions`` itself, which
+  cannot be copied exactly, get the ops registered on them, and the report says so.
 - Fused ops run native kernels where the registry has one for this CPU, else the numpy reference;
   if the native path cannot be registered, the reference is used with one warning.
 - ``fusion="auto"`` (argument or metadata) is created wherever stock ORT creates the model; by
@@ -30,9 +33,9 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import UnknownPatternError
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir.metadata import MetadataError
-from ortfuse.kernels.op_registration import with_custom_ops
 from ortfuse.kernels.reference_runs import refuse_missing_inputs, run_guarded, status_message
 from ortfuse.runtime.live_tuning import LiveTuning, status_of
+from ortfuse.runtime.options_copy import with_fused_ops
 from ortfuse.runtime.planning import Prepared, prepare, saved_fused_ops, stepped_aside
 from ortfuse.runtime.served_runs import accept_ortvalues, bound_elsewhere
 
@@ -141,7 +144,9 @@ class InferenceSession(_ort.InferenceSession):
             else:
                 self.fusion_report = FusionReport(reason="model was saved already fused; its fused ops were registered")
                 native_ops, self._ortfuse_reference_inputs = saved_fused_ops(source, sess_options)
-                sess_options = with_custom_ops(sess_options, native_ops, self._ortfuse_reference_inputs is not None)[0]
+                sess_options, _, note = with_fused_ops(sess_options, native_ops,
+                                                       self._ortfuse_reference_inputs is not None)
+                self.fusion_report.notes += [note] if note else []
                 super().__init__(source, sess_options, providers, provider_options, **kwargs)
         self._ortfuse_parallel = (self._ortfuse_reference_inputs is not None and sess_options is not None
                                   and sess_options.execution_mode == _ort.ExecutionMode.ORT_PARALLEL)

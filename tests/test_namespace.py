@@ -1,10 +1,12 @@
-"""``import ortfuse as ort`` gives every public name of ``onnxruntime``; only the session differs."""
+"""``import ortfuse as ort`` gives every public name of ``onnxruntime``; only the session differs, and
+``SessionOptions``, ORT's class recording what ORT cannot read back so that ortfuse copies the options
+instead of changing them (``ortfuse.runtime.options_copy``)."""
 
 import onnxruntime
 
 import ortfuse
 
-OWN = {"InferenceSession", "backend"}
+OWN = {"InferenceSession", "backend", "SessionOptions"}
 
 
 def test_every_public_onnxruntime_name_is_reexported():
@@ -16,7 +18,7 @@ def test_every_public_onnxruntime_name_is_reexported():
 
 
 def test_named_essentials_are_the_same_objects():
-    for name in ("SessionOptions", "GraphOptimizationLevel", "RunOptions", "OrtValue", "IOBinding",
+    for name in ("GraphOptimizationLevel", "RunOptions", "OrtValue", "IOBinding",
                  "get_available_providers", "get_device", "SparseTensor", "ExecutionMode"):
         assert getattr(ortfuse, name) is getattr(onnxruntime, name), name
 
@@ -24,6 +26,8 @@ def test_named_essentials_are_the_same_objects():
 def test_own_names_are_ortfuse_objects():
     assert ortfuse.InferenceSession is not onnxruntime.InferenceSession
     assert issubclass(ortfuse.InferenceSession, onnxruntime.InferenceSession)
+    assert issubclass(ortfuse.SessionOptions, onnxruntime.SessionOptions)
+    assert isinstance(ortfuse.SessionOptions(), onnxruntime.SessionOptions)
     assert ortfuse.backend.__name__ == "ortfuse.backend"
     for fn in ("prepare", "run_model", "run_node", "supports_device", "is_compatible"):
         assert callable(getattr(ortfuse.backend, fn)), fn

@@ -29,6 +29,7 @@ from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
 from ortfuse.kernels.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
+from ortfuse.runtime.options_copy import supplies_initializers, with_fused_ops
 
 if TYPE_CHECKING:
     import onnx
@@ -79,6 +80,9 @@ def _options_forbid_fusion(sess_options) -> str:
         return "the session records ORT's node placement, which must describe the original nodes"
     if sess_options is not None and sess_options.optimized_model_filepath:
         return "the optimized model ORT saves (optimized_model_filepath) must load in stock ORT"
+    if supplies_initializers(sess_options):  # known of ortfuse.SessionOptions only (options_copy)
+        return ("initializers supplied through SessionOptions (add_initializer, add_external_initializers) replace "
+                "the model's, which the rewrite reads")
     return ""
 
 
@@ -185,8 +189,11 @@ def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None =
         plan, report, used = _plan(source, sess_options, fusion, fusion_patterns, None, mode, tuning, plan_key)
     out = Prepared(source, sess_options, report, plan, auto=used is not None or fusion == "auto", mode=mode)
     if plan is not None and plan.needs_custom_ops:
-        options, why_not = with_custom_ops(sess_options, plan.native_ops, python_ops=plan.reference_inputs is not None)
+        # ortfuse's ops on a copy of the caller's options (``options_copy``), left unchanged
+        options, why_not, note = with_fused_ops(sess_options, plan.native_ops, plan.reference_inputs is not None)
         out.sess_options = options
+        if note:
+            report.notes.append(note)
         if why_not:
             from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
 
@@ -199,6 +206,8 @@ def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None =
             report.notes.append(f"native kernels unavailable ({why_not}); "
                                 + ("only fusions lowered to ORT's own ops applied" if reused
                                    else "lowered or reference kernels used"))
+            if note:
+                report.notes.append(note)
             out.plan, out.report = plan, report
             if plan is not None and plan.needs_custom_ops:
                 out.sess_options = with_custom_ops(options, frozenset())[0]
