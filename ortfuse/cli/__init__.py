@@ -1,7 +1,8 @@
 """Command line: ``ortfuse <command>`` and ``ortfuse-annotate``.
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
-``run(args) -> int``; this file only wires them together, importing each lazily.
+``run(args) -> int``; this file only wires them together, importing each lazily. What the commands
+that run a model share (input arguments and inputs, default patterns) is ``ortfuse.cli.common``.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from ortfuse.bench.peers import PEERS
 from ortfuse.bench.peers import available as peer_available
 from ortfuse.bench.run import DEFAULT_BUDGET_S, DEFAULT_GAP_MS, DEFAULT_REPEATS, DEFAULT_WARMUP, bench
 from ortfuse.bench.sessions import CONFIGS, DEFAULT_CONFIGS, DEFAULT_SPINNING, RENAMED_CONFIGS
-from ortfuse.cli.verify import add_input_arguments
+from ortfuse.cli.common import add_input_arguments
 
 _CHILD_FLAG = "ORTFUSE_BENCH_CHILD"  # set in the re-executed child: it must not re-execute again
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ortfuse.cli.verify import add_input_arguments, command_inputs, default_patterns
+from ortfuse.cli.common import add_input_arguments, command_inputs, default_patterns
 from ortfuse.foundation.session_options import make_options
 from ortfuse.layout import replaced_nodes
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ortfuse.cli.verify import add_input_arguments, command_inputs
+from ortfuse.cli.common import add_input_arguments, command_inputs
 
 
 def add_arguments(p) -> None:

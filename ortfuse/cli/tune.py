@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ortfuse.cli.verify import add_input_arguments
+from ortfuse.cli.common import add_input_arguments
 
 
 def add_arguments(p) -> None:
