@@ -3,10 +3,16 @@
 - ``eltwise``: elementwise fused ops (relu, gelu, gelu_tanh, silu, sigmoid, hardswish, hardsigmoid,
   clip, add_relu, broadcast add_relu) and the bias + activation epilogue of GEMM/Conv. Contract and
   API in its docstring. Their float32 transcendental math is ``custom_ops.vecmath`` (§10).
-- ``amx``: AMX bf16 tiles, bf16 conversion and weight packing for the bf16 GEMM.
+- ``scalar``: the element functions the loops inline, with the reference's NaN, -0 and tie semantics.
+- ``amx``: AMX bf16 tiles, bf16 conversion and weight packing for the bf16 GEMM; ``amx_emulated``:
+  the same micro-kernel interface on a numba model of the tiles, so the driver is tested on any CPU.
 - ``winograd``: the blocks of the Winograd F(4x4,3x3) convolution on NCHWc blocks (input and output
   transforms, the register-blocked product per tile position); ``conv_filters`` (numpy only, no
   numba: planning imports it) transforms filters and holds the float64 references.
+- ``depthwise``: the depthwise convolution micro-kernel on NCHWc blocks; ``depthwise_ref`` (numpy
+  only) packs its filter and holds the float64 reference.
+- ``squeeze_excite`` (numpy only): the squeeze-and-excitation reference and the 1x1 weights read back
+  from ORT's blocked filters.
 
 Decisions behind the kernels (measure with ``python tools/kernel_bench.py --dispatcher`` and
 ``--threshold``):

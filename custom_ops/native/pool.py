@@ -1,6 +1,6 @@
 """The process's pool block and the run-time threading settings kept in it (no numba).
 
-Every native op's record points at one pool block (``layout``: spin lock, free list of kernel-state
+Every native op's record points at one pool block (``words``: spin lock, free list of kernel-state
 slots, counters, threading settings): the records made in this process by the JIT path and those of
 the ahead-of-time library (``aot.library`` points them here), so one setting and one set of
 counters serve both. ``set_threading`` writes the settings that ``threads.run_blocks`` reads on

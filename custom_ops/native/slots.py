@@ -2,7 +2,7 @@
 
 A slot is ``SLOT_WORDS`` int64 words made in ``CreateKernelV2`` (ORT's ``void* kernel``): the
 ``const OrtApi*`` ORT passed, the record, the pool, one owned buffer and the attribute values read
-with ``KernelInfoGetAttribute_*`` (``layout``). ``KernelDestroy`` puts the slot back on the pool's
+with ``KernelInfoGetAttribute_*`` (``words``). ``KernelDestroy`` puts the slot back on the pool's
 free list, which grows with ``malloc`` when empty and never shrinks: the number of slots is the peak
 number of live kernels (sessions x fused nodes), never a fixed limit. A kernel may keep one malloc'd
 buffer in the slot word ``S_OWNED`` (packed weights); ``slot_free`` frees it.

@@ -6,6 +6,7 @@ measurement follows (``ortfuse.foundation.protocol``; docs/ARCHITECTURE.md §8).
     stats        statistics, ratios, the A/A noise band and verdicts, output differences
     environment  machine, load, versions, quiet thread pools
     memory       peak memory of one configuration in a child process
+    peers        the alternatives run beside stock ORT (--peer): OpenVINO's CPU plugin, ORT's transformer optimizer
     run          the comparison: sessions, checks, memory, timing -> one JSON-able dict
     output       header, tables, the JSON result file
     plot         latency histograms (matplotlib, optional)
