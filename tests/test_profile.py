@@ -11,8 +11,11 @@ import onnx
 import pytest
 
 from ortfuse import cli, models
-from ortfuse.cli import profile as P
 from ortfuse.ir.feeds import declared_inputs, random_feeds
+from ortfuse.profiling.attribution import attribute
+from ortfuse.profiling.names import REORDER_OPS, NameMap
+from ortfuse.profiling.run import DISABLE_ALL, ENABLE_ALL, FUSED, _nodes, profile
+from ortfuse.profiling.trace import Profile, ProfileError, read_trace
 
 RUNS, WARMUP = 3, 1
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -27,7 +30,7 @@ def _zoo(name: str):
 def mlp_profile(tmp_path_factory):
     model, feeds = _zoo("mlp_gemm_relu_gelu")
     traces = tmp_path_factory.mktemp("traces")
-    return model, P.profile(model, feeds, runs=RUNS, warmup=WARMUP, disable_all=True, trace_dir=str(traces))
+    return model, profile(model, feeds, runs=RUNS, warmup=WARMUP, disable_all=True, trace_dir=str(traces))
 
 
 def _independent_reading(trace: str) -> tuple[float, int]:
@@ -46,7 +49,7 @@ def _independent_reading(trace: str) -> tuple[float, int]:
 
 def test_profile_structure_and_times_add_up(mlp_profile):
     model, r = mlp_profile
-    assert set(r.profiles) == {P.FUSED, P.ENABLE_ALL, P.DISABLE_ALL}
+    assert set(r.profiles) == {FUSED, ENABLE_ALL, DISABLE_ALL}
     for p in r.profiles.values():
         assert p.runs == RUNS and p.nodes
         assert sum(us for _, us, _ in p.by_op_type()) == pytest.approx(p.node_us, rel=1e-9)
@@ -56,14 +59,14 @@ def test_profile_structure_and_times_add_up(mlp_profile):
         # sums (a shared CPU can stall a different node in each run), so only an upper bound holds.
         assert 0 < p.node_us <= 1.25 * p.run_us
     # stock ORT_DISABLE_ALL runs every original node under its own name
-    stock = r.profiles[P.DISABLE_ALL]
+    stock = r.profiles[DISABLE_ALL]
     assert {n.name for n in stock.nodes} == {n.name for n in model.graph.node}
     assert all(n.how == "same name" and n.calls == 1 for n in stock.nodes)
 
 
 def test_fused_ops_carry_pattern_and_original_nodes(mlp_profile):
     model, r = mlp_profile
-    fused = r.profiles[P.FUSED]
+    fused = r.profiles[FUSED]
     ops = {n.fused_op for n in fused.nodes if n.fused_op}
     assert len(ops) == 7
     originals = {n.name for n in model.graph.node}
@@ -76,8 +79,8 @@ def test_fused_ops_carry_pattern_and_original_nodes(mlp_profile):
 
 def test_savings_match_the_stock_nodes_they_replace(mlp_profile):
     _, r = mlp_profile
-    fused, stock = r.profiles[P.FUSED], r.profiles[P.DISABLE_ALL]
-    att = next(a for a in r.attributions if a.config == P.DISABLE_ALL)
+    fused, stock = r.profiles[FUSED], r.profiles[DISABLE_ALL]
+    att = next(a for a in r.attributions if a.config == DISABLE_ALL)
     (row,) = att.patterns
     assert (row.pattern_id, row.ops, row.mapped) == ("gemm_act", 7, 7)
     replaced = {o for n in fused.nodes if n.fused_op for o in n.replaced}
@@ -87,19 +90,19 @@ def test_savings_match_the_stock_nodes_they_replace(mlp_profile):
     split = att.stock_split
     assert split.unmapped_us == 0 and split.left_unfused_us + row.original_us == pytest.approx(stock.node_us)
     # at ENABLE_ALL ORT renames nodes ("fused <Gemm>", "Gelu_token_0"); every fused op is still found
-    enable = next(a for a in r.attributions if a.config == P.ENABLE_ALL)
+    enable = next(a for a in r.attributions if a.config == ENABLE_ALL)
     assert enable.patterns[0].mapped == 7
-    hows = {n.how for n in r.profiles[P.ENABLE_ALL].nodes}
+    hows = {n.how for n in r.profiles[ENABLE_ALL].nodes}
     assert "ORT fusion (fused <node>)" in hows
 
 
 def test_nchwc_convs_are_mapped_and_reorders_left_unmapped():
     model, feeds = _zoo("mobilenetv3_block")
-    r = P.profile(model, feeds, runs=2, warmup=1)
-    stock = r.profiles[P.ENABLE_ALL]
+    r = profile(model, feeds, runs=2, warmup=1)
+    stock = r.profiles[ENABLE_ALL]
     producers = {o: n.name for n in model.graph.node for o in n.output}
     nchwc = [n for n in stock.nodes if n.name.endswith("_nchwc")]
-    reorders = [n for n in stock.nodes if n.op_type in P.REORDER_OPS]
+    reorders = [n for n in stock.nodes if n.op_type in REORDER_OPS]
     assert nchwc and reorders  # ORT's NCHWc layout at ENABLE_ALL on this CPU
     for n in nchwc:
         assert n.maps_to == [producers[n.name[: -len("_nchwc")]]]
@@ -109,7 +112,7 @@ def test_nchwc_convs_are_mapped_and_reorders_left_unmapped():
     # every fused op shows up in the fused profile, alone or inside a layout op doing several fused
     # ops' work (a squeeze-excite block, when this CPU's timing keeps it), and alone it is found in the
     # stock profile too
-    fused_nodes = r.profiles[P.FUSED].nodes
+    fused_nodes = r.profiles[FUSED].nodes
     alone = {n.fused_op for n in fused_nodes if n.fused_op}
     shared = {f for n in fused_nodes for f in n.spans}
     assert not alone & shared
@@ -135,14 +138,14 @@ def test_a_layout_op_maps_to_the_nodes_it_records_and_its_time_is_not_split():
     replaced_nodes.record(block, replaced)
     lone = helper.make_node("Conv", ["q"], ["p2"], name="z_nchwc_token_7")
     loaded = helper.make_model(helper.make_graph([block, lone], "g", [], []))
-    names = P.NameMap(rewritten, loaded)
+    names = NameMap(rewritten, loaded)
     assert names.resolve("gap/squeeze_excite", "FusedSqueezeExciteBlocked") == (
         ["fc1", "fc2", "gap", "mul"], "ortfuse layout op (the nodes it replaces)")
     matches = [MatchRecord("conv_act", [n], FUSED, fused_node=n) for n in ("fc1", "fc2")]
-    nodes = P._nodes({"gap/squeeze_excite": ("FusedSqueezeExciteBlocked", [30.0], 1)}, 1, names, matches)
+    nodes = _nodes({"gap/squeeze_excite": ("FusedSqueezeExciteBlocked", [30.0], 1)}, 1, names, matches)
     assert nodes[0].spans == ["fc1", "fc2"] and nodes[0].fused_op == ""
-    fused = P.Profile(P.FUSED, 1, 0, 30.0, nodes)
-    att = P.attribute(fused, P.Profile(P.ENABLE_ALL, 1, 0, 0.0, []), matches)
+    fused = Profile(FUSED, 1, 0, 30.0, nodes)
+    att = attribute(fused, Profile(ENABLE_ALL, 1, 0, 0.0, []), matches)
     assert [(p.ops, p.mapped, p.shared) for p in att.patterns] == [(2, 0, 2)]
     assert att.fused_split.fused_ops_us == 30.0
 
@@ -156,11 +159,11 @@ def test_read_trace_skips_warmup_and_averages_per_run():
 
     events = [run(0, 100), node("a", 10, 90), run(200, 50), node("a", 210, 20), node("b", 230, 10, "Add"),
               run(300, 40), node("a", 305, 10), {"cat": "Node", "name": "a_fence_before", "ts": 301, "dur": 5}]
-    totals, counted, run_us = P.read_trace(events, warmup=1)
+    totals, counted, run_us = read_trace(events, warmup=1)
     assert counted == 2 and run_us == 45
     assert totals == {"a": ("Relu", [20.0, 10.0], 2), "b": ("Add", [10.0, 0.0], 1)}
-    with pytest.raises(P.ProfileError):
-        P.read_trace(events, warmup=3)
+    with pytest.raises(ProfileError):
+        read_trace(events, warmup=3)
 
 
 def test_cli_writes_traces_summary_and_a_png(capsys, tmp_path):

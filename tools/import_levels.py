@@ -53,7 +53,7 @@ LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tune", ("tune.*",)),
     ("runtime", ("runtime.*",)),
     ("session", ("session", "backend", "")),  # "": the package ortfuse itself (its __init__)
-    ("bench", ("bench.*",)),
+    ("bench, profiling", ("bench.*", "profiling.*")),
     ("cli", ("cli.*", "__main__")),
 )
 TOP = "ortfuse"
