@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ortfuse.layout import choice_cache, measure, winograd
+from ortfuse.layout import choice_cache, op_timing, winograd
 from ortfuse.layout.probe import block_size
 
 PROBE = (b"stock-model", b"native-model", frozenset({"OpA"}), {"x": (1, 8, 4, 4)}, 2, 0.9)
@@ -31,14 +31,14 @@ def _timed(monkeypatch, ratios):
         calls.append(args)
         return ratios
 
-    monkeypatch.setattr(measure, "_ratios", fake)
+    monkeypatch.setattr(op_timing, "_ratios", fake)
     return calls
 
 
 def test_a_probe_is_timed_once_and_its_choice_kept_on_disk(monkeypatch):
     calls = _timed(monkeypatch, [0.80, 0.85, 0.70])
-    assert measure.native_faster(*PROBE) is True
-    assert measure.native_faster(*PROBE) is True
+    assert op_timing.native_faster(*PROBE) is True
+    assert op_timing.native_faster(*PROBE) is True
     assert len(calls) == 1
     data = json.loads(choice_cache.path().read_text())
     assert data["key"] == choice_cache.key()
@@ -47,29 +47,29 @@ def test_a_probe_is_timed_once_and_its_choice_kept_on_disk(monkeypatch):
 
 def test_native_needs_the_margin_in_every_repeat(monkeypatch):
     _timed(monkeypatch, [0.80, 0.95, 0.70])  # median 0.80, one repeat above 0.9
-    assert measure.native_faster(*PROBE) is False
+    assert op_timing.native_faster(*PROBE) is False
     assert [c["native"] for c in json.loads(choice_cache.path().read_text())["choices"].values()] == [False]
 
 
 def test_another_shape_threads_or_margin_is_another_probe(monkeypatch):
     calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
     stock, native, ops, feeds, threads, margin = PROBE
-    measure.native_faster(*PROBE)
-    measure.native_faster(stock, native, ops, {"x": (1, 8, 8, 8)}, threads, margin)
-    measure.native_faster(stock, native, ops, feeds, threads + 1, margin)
-    measure.native_faster(stock, native, ops, feeds, threads, 0.8)
+    op_timing.native_faster(*PROBE)
+    op_timing.native_faster(stock, native, ops, {"x": (1, 8, 8, 8)}, threads, margin)
+    op_timing.native_faster(stock, native, ops, feeds, threads + 1, margin)
+    op_timing.native_faster(stock, native, ops, feeds, threads, 0.8)
     assert len(calls) == 4
     assert len(json.loads(choice_cache.path().read_text())["choices"]) == 4
 
 
 def test_a_file_of_another_machine_or_a_corrupt_file_is_timed_again(monkeypatch):
     calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
-    measure.native_faster(*PROBE)
+    op_timing.native_faster(*PROBE)
     data = json.loads(choice_cache.path().read_text())
     choice_cache.path().write_text(json.dumps({**data, "key": {**data["key"], "cpu": "another CPU"}}))
-    measure.native_faster(*PROBE)
+    op_timing.native_faster(*PROBE)
     choice_cache.path().write_text("{not json")
-    measure.native_faster(*PROBE)
+    op_timing.native_faster(*PROBE)
     assert len(calls) == 3
     assert json.loads(choice_cache.path().read_text())["key"] == choice_cache.key()
 
@@ -77,13 +77,13 @@ def test_a_file_of_another_machine_or_a_corrupt_file_is_timed_again(monkeypatch)
 def test_off_neither_reads_nor_writes(monkeypatch):
     calls = _timed(monkeypatch, [0.5, 0.5, 0.5])
     monkeypatch.setenv(choice_cache.ENV, "off")
-    assert measure.native_faster(*PROBE) and measure.native_faster(*PROBE)
+    assert op_timing.native_faster(*PROBE) and op_timing.native_faster(*PROBE)
     assert len(calls) == 2 and not choice_cache.path().exists()
 
 
 def test_ops_that_cannot_be_registered_are_not_kept(monkeypatch):
     _timed(monkeypatch, None)
-    assert measure.native_faster(*PROBE) is False
+    assert op_timing.native_faster(*PROBE) is False
     assert not choice_cache.path().exists()
 
 
@@ -95,7 +95,7 @@ def test_a_real_probe_is_timed_in_repeats_and_read_back(monkeypatch):
     winograd.measured_faster.cache_clear()
     first = winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1)
     (kept,) = json.loads(choice_cache.path().read_text())["choices"].values()
-    assert kept["native"] is first and len(kept["ratios"]) == measure.REPEATS
+    assert kept["native"] is first and len(kept["ratios"]) == op_timing.REPEATS
     assert all(r > 0 for r in kept["ratios"]) and first is (max(kept["ratios"]) < winograd.MARGIN)
     winograd.measured_faster.cache_clear()
     _timed(monkeypatch, [2.0] * 3 if first else [0.1] * 3)  # timing again would choose the other form
@@ -113,8 +113,8 @@ def _fake_sysfs(tmp_path, monkeypatch, caches):
         index.mkdir(parents=True)
         (index / "type").write_text(kind + "\n")
         (index / "size").write_text(size + "\n")
-    measure.last_level_cache_bytes.cache_clear()
-    monkeypatch.setattr(measure.glob, "glob", lambda pattern: sorted(str(p) for p in (tmp_path / "sys").iterdir()))
+    op_timing.last_level_cache_bytes.cache_clear()
+    monkeypatch.setattr(op_timing.glob, "glob", lambda pattern: sorted(str(p) for p in (tmp_path / "sys").iterdir()))
 
 
 @pytest.mark.parametrize("caches, expected", [
@@ -126,9 +126,9 @@ def _fake_sysfs(tmp_path, monkeypatch, caches):
 def test_the_last_level_cache_is_read_from_sysfs(tmp_path, monkeypatch, caches, expected):
     _fake_sysfs(tmp_path, monkeypatch, caches)
     try:
-        assert measure.last_level_cache_bytes() == expected
+        assert op_timing.last_level_cache_bytes() == expected
     finally:
-        measure.last_level_cache_bytes.cache_clear()
+        op_timing.last_level_cache_bytes.cache_clear()
 
 
 def _graph(floats: int):
@@ -139,25 +139,25 @@ def _graph(floats: int):
 
 
 def test_weights_exceed_cache_compares_initializer_bytes(monkeypatch):
-    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 4000)
-    assert measure.weights_exceed_cache(_graph(1001)) and not measure.weights_exceed_cache(_graph(1000))
-    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 0)  # unknown: probes stay warm
-    assert not measure.weights_exceed_cache(_graph(10**6))
+    monkeypatch.setattr(op_timing, "last_level_cache_bytes", lambda: 4000)
+    assert op_timing.weights_exceed_cache(_graph(1001)) and not op_timing.weights_exceed_cache(_graph(1000))
+    monkeypatch.setattr(op_timing, "last_level_cache_bytes", lambda: 0)  # unknown: probes stay warm
+    assert not op_timing.weights_exceed_cache(_graph(10**6))
 
 
 def test_a_cold_probe_is_another_choice_and_is_timed_cold(monkeypatch):
     calls = []
-    monkeypatch.setattr(measure, "_ratios", lambda *args: calls.append(args[-1]) or [0.5, 0.5, 0.5])
-    measure.native_faster(*PROBE)
-    measure.native_faster(*PROBE, cold=True)
-    measure.native_faster(*PROBE, cold=True)
+    monkeypatch.setattr(op_timing, "_ratios", lambda *args: calls.append(args[-1]) or [0.5, 0.5, 0.5])
+    op_timing.native_faster(*PROBE)
+    op_timing.native_faster(*PROBE, cold=True)
+    op_timing.native_faster(*PROBE, cold=True)
     assert calls == [False, True]
     assert len(json.loads(choice_cache.path().read_text())["choices"]) == 2
 
 
 def test_the_flushing_timer_times_the_run_alone():
     ran = []
-    timed = measure._after_flush(1 << 20)
+    timed = op_timing._after_flush(1 << 20)
     ms = timed(lambda: ran.append(1))
     assert ran == [1] and 0 <= ms < 1000
 
@@ -182,6 +182,6 @@ def test_the_planner_times_probes_cold_only_for_weights_beyond_the_cache(monkeyp
     seen = []
     monkeypatch.setattr(winograd, "decider", lambda block, threads, cold=False: seen.append(cold) or (lambda *a: False))
     for llc in (1 << 30, 1000):  # the filter's 9 KiB fit a 1 GiB cache, not a 1000-byte one
-        monkeypatch.setattr(measure, "last_level_cache_bytes", lambda llc=llc: llc)
+        monkeypatch.setattr(op_timing, "last_level_cache_bytes", lambda llc=llc: llc)
         planner.plan_layout(model, fused, None, frozenset(native_op_types(fused)), report.disabled_ort_optimizers)
     assert seen == [False, True]

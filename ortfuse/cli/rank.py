@@ -31,7 +31,7 @@ def run(args) -> int:
     from ortfuse import models
     from ortfuse.fusion.catalogue import UnknownPatternError, validate_patterns
     from ortfuse.ir import feeds, model_args
-    from ortfuse.tune import ranking
+    from ortfuse.tune import rank_kernels
 
     try:
         model = model_args.load(models.resolve(args.model))
@@ -41,8 +41,8 @@ def run(args) -> int:
         print(f"ortfuse rank: {exc}", file=sys.stderr)
         return 2
     say = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr))
-    results = ranking.rank(model, ids, sample, threads=args.threads, budget_s=args.budget, progress=say)
-    path = "" if args.dry_run else ranking.store(results, os.path.basename(args.model), args.threads)
+    results = rank_kernels.rank(model, ids, sample, threads=args.threads, budget_s=args.budget, progress=say)
+    path = "" if args.dry_run else rank_kernels.store(results, os.path.basename(args.model), args.threads)
     if args.json:
         print(json.dumps({"ranking_file": path, "classes": [dataclasses.asdict(r) for r in results]}, indent=1))
         return 0
@@ -50,7 +50,7 @@ def run(args) -> int:
         print("no class of matches has more than one kernel here: nothing to rank")
     for r in results:
         print(f"{r.key}  (static choice {r.static})")
-        stock = r.p50_ms.get(ranking.STOCK)
+        stock = r.p50_ms.get(rank_kernels.STOCK)
         for kid in r.order:
             ratio = r.p50_ms[kid] / stock if stock else float("nan")
             print(f"  {kid:32s} {r.p50_ms[kid]:8.3f} ms  {ratio:.3f}x stock ORT  per repeat vs static "

@@ -1,6 +1,6 @@
 """The kernel ranking measured on this machine (docs/ARCHITECTURE.md §5, §8): for a class of matches
 (fused op, epilogue, dtype), the candidate kernels in the order they ran the whole model fastest,
-``ORT`` among them (the matches left to ORT unfused). ``ortfuse.tune.ranking`` measures it; the
+``ORT`` among them (the matches left to ORT unfused). ``ortfuse.tune.rank_kernels`` measures it; the
 selection of every ``fuse`` reads it, and the registry's static priorities order only what no
 measurement covers.
 

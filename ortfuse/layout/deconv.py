@@ -11,7 +11,7 @@ output), it is folded in too: ``FusedConvTransposeS2x2Blocked(Xb, Wt, B, W2t, B2
 activation, activation2)``, the first output never written (a DB head). The ReorderOutput stays
 when another op reads ``x``. A candidate has group 1, no pads, dilations,
 output padding or output shape, a float32 [Cin, Cout, 2, 2] filter initializer and Cin a multiple
-of the block. The decision is timed per shape as for ``winograd`` (``measure.native_faster``, same
+of the block. The decision is timed per shape as for ``winograd`` (``op_timing.native_faster``, same
 ``ORTFUSE_WINOGRAD`` modes: off, on, measure).
 """
 
@@ -30,7 +30,7 @@ from ortfuse.custom_ops.kernels.conv_filters import pack_deconv_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, replaced_nodes
+from ortfuse.layout import op_timing, replaced_nodes
 from ortfuse.layout.winograd import MARGIN, NCHWC, mode
 
 OP = "FusedConvTransposeS2Blocked"
@@ -216,7 +216,7 @@ def measured_faster(cin: int, cout: int, h: int, w: int, act: str, cout2: int, a
                     threads: int, cold: bool = False) -> bool:
     stock, native = _pair_models(cin, cout, h, w, block, act, cout2, act2)
     ops = frozenset({OP2 if cout2 else OP})
-    return measure.native_faster(stock, native, ops, {"x": (1, cin, h, w)}, threads, MARGIN, cold=cold)
+    return op_timing.native_faster(stock, native, ops, {"x": (1, cin, h, w)}, threads, MARGIN, cold=cold)
 
 
 def decider(block: int, threads: int, cold: bool = False) -> Callable[[int, int, int, int, str, int, str], bool]:

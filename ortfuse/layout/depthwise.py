@@ -15,7 +15,7 @@ ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K
 ``depthwise_ref.pack_filter``): the node reads the same initializer.
 
 Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue) as for
-``winograd``: both timed in a one-conv model between reorders (``measure.native_faster``) at the
+``winograd``: both timed in a one-conv model between reorders (``op_timing.native_faster``) at the
 session's thread count, the native form taken only when it beats ``winograd.MARGIN``
 times ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
 ``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
@@ -40,7 +40,7 @@ from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, replaced_nodes, winograd
+from ortfuse.layout import op_timing, replaced_nodes, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
 
 OP = "FusedDepthwiseConvBlocked"
@@ -244,9 +244,9 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
 @functools.lru_cache(maxsize=256)
 def measured_faster(shape: Shape, block: int, threads: int, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
-    depthwise conv of this shape between reorders (``measure.native_faster``)."""
+    depthwise conv of this shape between reorders (``op_timing.native_faster``)."""
     stock, native = pair_models(shape, block)
-    return measure.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
+    return op_timing.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
                                  MARGIN, cold=cold)
 
 

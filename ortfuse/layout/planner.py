@@ -25,7 +25,7 @@ import onnx
 
 from ortfuse.fusion.discontinuity import deciding_tensors
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, deconv, depthwise, measure, regions, se_block, winograd
+from ortfuse.layout import blocked_scale, deconv, depthwise, op_timing, regions, se_block, winograd
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -98,7 +98,7 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     except Exception as exc:  # never worse than the plan without regions
         grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
     threads = sess_options.intra_op_num_threads if sess_options is not None else 0
-    cold = measure.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
+    cold = op_timing.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
     try:
         wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them

@@ -18,7 +18,7 @@ X's shape (its H and W known by ``winograd.spatial_dims`` and not 1x1).
 
 Which form runs is decided per machine and SE shape (C, Cr, H, W, activation, gate, residual,
 addend, FC2 left plain): both are timed on blocked data at the session's thread count
-(``measure.native_faster``), the native form taken only when it beats ``MARGIN`` times
+(``op_timing.native_faster``), the native form taken only when it beats ``MARGIN`` times
 ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
 ``ORTFUSE_SE_BLOCK`` = off | on (no timing) | measure (the default).
 """
@@ -41,7 +41,7 @@ from ortfuse.custom_ops.kernels.squeeze_excite import block_1x1, unblock_1x1
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, replaced_nodes
+from ortfuse.layout import op_timing, replaced_nodes
 from ortfuse.layout.winograd import spatial_dims
 
 NCHWC = "com.microsoft.nchwc"
@@ -397,10 +397,10 @@ def _pair_models(s: SEShape, block: int) -> tuple[bytes, bytes, frozenset, froze
 @functools.lru_cache(maxsize=256)
 def measured_faster(s: SEShape, block: int, threads: int, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat for one SE of this shape on
-    this machine (``measure.native_faster``; ORT's form holds ortfuse's channel scale or chain)."""
+    this machine (``op_timing.native_faster``; ORT's form holds ortfuse's channel scale or chain)."""
     stock, native, stock_ops, native_ops = _pair_models(s, block)
     feeds = dict.fromkeys(["x"] + (["a"] if s.addend else []), (1, s.c, s.h, s.w))
-    return measure.native_faster(stock, native, native_ops, feeds, threads, MARGIN, stock_ops=stock_ops, cold=cold)
+    return op_timing.native_faster(stock, native, native_ops, feeds, threads, MARGIN, stock_ops=stock_ops, cold=cold)
 
 
 def decider(block: int, threads: int, cold: bool = False) -> Callable[[SEShape], bool]:

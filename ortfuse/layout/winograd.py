@@ -20,7 +20,7 @@ U (the filter in the Winograd domain) is made here once from ORT's blocked filte
 [Cout/b, Cin/b, 3, 3, b (input channel), b (output channel)].
 
 Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue, residual): both are timed in
-a one-conv model between reorders (``measure.native_faster``), at the session's thread count, and
+a one-conv model between reorders (``op_timing.native_faster``), at the session's thread count, and
 the native form is taken only when it beats ``MARGIN`` times ORT's in every repeat (results kept
 per machine, ``layout.choice_cache``).
 ``ORTFUSE_WINOGRAD`` = off (never) | on (always, no timing) | measure (the default). H and W are
@@ -44,7 +44,7 @@ from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import consumers_of
-from ortfuse.layout import measure, replaced_nodes
+from ortfuse.layout import op_timing, replaced_nodes
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedWinogradConvBlocked"
@@ -290,11 +290,11 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alph
 def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int,
                     residual: bool = False, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
-    conv of this shape (with its residual Add) between reorders (``measure.native_faster``; ``cold``:
+    conv of this shape (with its residual Add) between reorders (``op_timing.native_faster``; ``cold``:
     timed with the caches flushed)."""
     stock, native = _pair_models(cin, cout, h, w, block, act, alpha, residual)
     feeds = {"x": (1, cin, h, w), **({"r": (1, cout, h, w)} if residual else {})}
-    return measure.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN,
+    return op_timing.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN,
                                  cold=cold)
 
 

@@ -75,7 +75,7 @@ class Tuning:
     measured: bool = True  # False: nothing was measured nor cached (ORTFUSE_TUNE=off), so nothing is known
     failure: str | None = None
     budget_spent: bool = False
-    ranked: str = ""  # what measuring the kernel ranking first found (tune.ranking), for the report
+    ranked: str = ""  # what measuring the kernel ranking first found (tune.rank_kernels), for the report
     whole_plan: dict | None = None  # every match fused, timed first when it did not win (measure.whole_plan)
     # how the sample shapes were chosen when the budget of sample inputs mattered (ir.feeds.sample_shapes;
     # set by the tuner on every call, not cached: the key's shapes are those it chose)

@@ -71,7 +71,7 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
     """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds.
 
     ``verdicts`` (node names -> verdict): matches the kernel ranking already judged in the whole
-    model (``ortfuse.tune.ranking``, with the kernel they get now); they take that verdict and are
+    model (``ortfuse.tune.rank_kernels``, with the kernel they get now); they take that verdict and are
     not cut out and measured alone, which cannot see their effect on ORT's layout.
 
     Never raises for a model ORT can load: when the sample run (or anything before the matches are

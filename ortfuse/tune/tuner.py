@@ -42,7 +42,7 @@ from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
 
 ENV = TUNE_ENV
-RANK_SHARE = 0.4  # of the tuning budget, for measuring the kernel ranking first (ortfuse.tune.ranking)
+RANK_SHARE = 0.4  # of the tuning budget, for measuring the kernel ranking first (ortfuse.tune.rank_kernels)
 WHOLE_PLAN_SHARE = 0.2  # of the tuning budget, timing every match fused as a whole first (measure.whole_plan)
 
 
@@ -141,15 +141,15 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
 
 def _rank(model, ids, feed, threads: int, precision: str, budget_s: float) -> tuple[str, dict]:
     """Measure the kernel ranking of ``model``'s classes in the whole model and store it for this
-    machine (``ortfuse.tune.ranking``). Returns one line for the report ("" when there was nothing to
+    machine (``ortfuse.tune.rank_kernels``). Returns one line for the report ("" when there was nothing to
     rank) and the verdicts it gives the matches of each timed class (node names -> keep, reason,
     whole-model ms with the kernel ranked first, with the class left to ORT): ``measure`` takes them
     instead of measuring those matches alone. A failure here leaves the static order and no verdict."""
-    from ortfuse.tune import ranking as ranking_run
+    from ortfuse.tune import rank_kernels
 
     try:
-        results = ranking_run.rank(model, ids, feed, threads=threads, budget_s=budget_s, precision=precision)
-        ranking_run.store(results, model.graph.name or "model", threads)
+        results = rank_kernels.rank(model, ids, feed, threads=threads, budget_s=budget_s, precision=precision)
+        rank_kernels.store(results, model.graph.name or "model", threads)
     except Exception as exc:
         return f"ranking failed ({one_sentence(exc)}); the static order is used", {}
     verdicts = {}
