@@ -13,7 +13,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-CODE = ("ortfuse", "custom_ops", "models", "tools")
+CODE = ("ortfuse", "custom_ops", "models", "tools", "tests")
 
 
 def _columns(line: str) -> list[str]:
