@@ -184,9 +184,9 @@ def prefer_512bit(typingctx):
     """Give the function being compiled the LLVM attribute ``"prefer-vector-width"="512"``: its loops
     vectorise with zmm registers where the target has AVX-512. numba's default target for this host
     (``rocketlake``) carries LLVM's tuning that prefers 256-bit vectors, so without this loops get
-    ymm code. Measured on 64K floats in cache: zmm makes gelu/gelu_tanh/silu/exp 1.35-1.65x faster,
-    while relu (L2-bound) was 1.1-1.25x slower with zmm, so only math-heavy loops ask for it. On an
-    AVX2 or SSE2 target the attribute changes nothing (no 512-bit registers)."""
+    ymm code. Only the math-heavy loops ask for it: zmm speeds up the transcendental ones in cache and
+    slows down the L2-bound ones such as relu (``python tools/kernel_bench.py --dispatcher`` times
+    both). On an AVX2 or SSE2 target the attribute changes nothing (no 512-bit registers)."""
     def codegen(context, builder, sig, args):
         # llvmlite only accepts its known attribute names through .add(); a string attribute is legal IR
         set.add(builder.function.attributes, '"prefer-vector-width"="512"')

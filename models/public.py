@@ -6,7 +6,7 @@ package, version, the member path inside the wheel and the ONNX file's sha256, f
     feeds = public.sample_inputs("ppocrv4_det")           # seeded, at the model's natural input shape
 
 The zoo's generators imitate such models; a number measured on the generator is a number about the
-generator, so ``ortfuse bench --suite public`` measures these (issue 27).
+generator, so ``ortfuse bench --suite public`` measures these.
 
 Fetching runs ``python -m pip download --no-deps --only-binary=:all:`` in a child process (pip's own
 configuration applies: index URL, proxy, ``PIP_FIND_LINKS``/``PIP_NO_INDEX``; ``find_links`` points it at

@@ -50,7 +50,7 @@ def _set(path, value):
 
 
 def _dup_definition(m):
-    m.graph.node[1].output[0] = "h0"  # bias1 writes h0, which mm1 defines: a hang before issue 6
+    m.graph.node[1].output[0] = "h0"  # bias1 writes h0, which mm1 defines: no hang
 
 
 def _cycle(m):
@@ -70,11 +70,11 @@ def _no_opset(m):
 
 
 def _truncated_initializer(m):
-    m.graph.initializer[0].raw_data = m.graph.initializer[0].raw_data[:10]  # raised ValueError before issue 6
+    m.graph.initializer[0].raw_data = m.graph.initializer[0].raw_data[:10]  # ORT's error, not a ValueError of ours
 
 
 def _relabelled_initializer(m):
-    m.graph.initializer[1].data_type = TensorProto.DOUBLE  # raised ValueError before issue 6
+    m.graph.initializer[1].data_type = TensorProto.DOUBLE  # ORT's error, not a ValueError of ours
 
 
 def _bad_attribute_in_fused_nodes(m):

@@ -273,7 +273,7 @@ def test_quantized_models_give_orts_exact_bits(quantized, kind, level):
 
 
 def _requantized_conv() -> onnx.ModelProto:
-    """The dynamic-quantization form of the issue: DynamicQuantizeLinear -> ConvInteger, then the
+    """The dynamic-quantization form: DynamicQuantizeLinear -> ConvInteger, then the
     requantization written as Cast -> Mul -> Div -> Floor -> Clip -> Cast(uint8), twice."""
     rng = np.random.default_rng(5)
     nodes, cur = [], "x"

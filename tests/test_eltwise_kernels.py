@@ -333,7 +333,7 @@ def test_apply_range_has_no_libm_calls_and_is_vector_code():
 @pytest.mark.parametrize("op", ["ACT_GELU", "ACT_SILU", "ACT_EXP"])
 def test_math_heavy_loops_use_512bit_vectors_on_avx512(op):
     """vecmath.prefer_512bit: zmm for the transcendental ops even under numba's default target for
-    the host, whose LLVM tuning prefers ymm (1.35-1.65x faster in cache)."""
+    the host, whose LLVM tuning prefers ymm (faster in cache: ``python tools/kernel_bench.py --dispatcher``)."""
     if "avx512f" not in isa.host_features():
         pytest.skip("no AVX-512")
     scope = {"E": E, "F32": F32}
@@ -346,7 +346,7 @@ def test_math_heavy_loops_use_512bit_vectors_on_avx512(op):
 
 def test_in_place_loops_are_vector_code():
     """In place has its own loops: the two-array loops fail LLVM's overlap check when given one
-    array twice and fall back to scalar code (8x slower for gelu)."""
+    array twice and fall back to scalar code."""
     x = make_input(64)
     ll = numba.njit(nogil=True, error_model="numpy")(E._loops_ip.py_func)
     ll(x, E.ACT_GELU, F32(0), F32(0), F32(0), F32(1))

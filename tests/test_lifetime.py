@@ -57,9 +57,8 @@ def _two_native_ops_model():
 def test_2000_fused_sessions_leave_rss_and_kernel_pool_flat():
     """Create, run and drop 2,000 ortfuse sessions (2 native kernels each, default options): the pool's
     live slots return to their start, no slot is allocated beyond the first sessions', and RSS grows
-    by less than 8 MiB after a 200-session warm-up. Before issue 6 each session registered the
-    extensions library on a new SessionOptions, which keeps ~3.5 KiB per registration for good
-    (about 4-7 MiB over these 1,800 sessions, 20 MiB over 6,000)."""
+    by less than 8 MiB after a 200-session warm-up: each registration of the extensions library keeps
+    a few KiB for good, so sessions without options share one registered SessionOptions."""
     data = _two_native_ops_model()
     feeds = {"x": np.linspace(-5, 5, 16, dtype=np.float32).reshape(2, 8), "y": np.full((2, 8), -0.5, np.float32)}
     expected = onnxruntime.InferenceSession(data).run(None, feeds)[0]
@@ -242,8 +241,8 @@ KERNEL_ERRORS = {
 @pytest.mark.parametrize("op", sorted(KERNEL_ERRORS))
 def test_kernel_error_is_an_exception_and_the_session_goes_on(op):
     """Bad shapes reach the kernel (ORT cannot check shapes of our ops): an exception naming the op,
-    native ops with ORT's INVALID_ARGUMENT status, the reference path with ORT's FAIL (it aborted the
-    process before issue 6); then the next good input is right, ten times over."""
+    native ops with ORT's INVALID_ARGUMENT status, the reference path with ORT's FAIL (an exception
+    escaping it would abort the process); then the next good input is right, ten times over."""
     model, bad, message, good, reference = KERNEL_ERRORS[op]
     session = ortfuse.InferenceSession(model)  # no fusion metadata: ortfuse registers the ops it holds
     assert "saved already fused" in session.fusion_report.reason, session.fusion_report

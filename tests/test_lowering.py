@@ -1,4 +1,4 @@
-"""The ``lowered`` kernel path (the rules' lowering forms, issue #4): each lowering form, forced with
+"""The ``lowered`` kernel path (the rules' lowering forms): each lowering form, forced with
 ``fuse(kernels="lowered:<form>")``, on odd shapes (strides, asymmetric pads, groups, depthwise,
 dilations, batch > 1, 1-D to 4-D GEMM inputs) against the same model run unfused by stock ORT at
 ORT_DISABLE_ALL; the rule the registry picks per op and epilogue; the report's label and the

@@ -74,8 +74,7 @@ def test_campaign_fixtures_replay_cleanly():
 
 
 def test_fixture_folder_holds_the_known_regressions():
-    """The replay above is not vacuous: the fixtures of the hangs and the crash fixed in issue 6 and of
-    the mismatch fixed in issue 4 are there."""
+    """The replay above is not vacuous: the fixtures of the known hangs, crash and mismatch are there."""
     names = {os.path.basename(p) for p in FIXTURES}
     assert {"hang_duplicate_definition.onnx", "hang_self_loop.onnx",
             "crash_reference_kernel_broadcast_error.onnx", "mismatch_hardsigmoid_alpha_inf.onnx"} <= names, names

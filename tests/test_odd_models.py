@@ -296,9 +296,8 @@ print("ok", session.fusion_report.reason)
 
 def test_model_saved_fused_with_native_ops_loads_with_fusion_off_in_a_fresh_process():
     """fusion=False does not parse the model, so a model saved already fused reaches ORT, fails, and
-    is loaded again with ortfuse's ops: its native ops must be among them (before issue 6 only the
-    reference ops were registered, and a fresh process failed with 'FusedGemmAct is not a registered
-    function/op')."""
+    is loaded again with ortfuse's ops: its native ops must be among them (with the reference ops
+    alone a fresh process fails with 'FusedGemmAct is not a registered function/op')."""
     import os
     import subprocess
     import sys

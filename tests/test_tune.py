@@ -517,7 +517,7 @@ def fresh_registry(monkeypatch):
 
 
 def test_decisions_for_the_native_kernel_are_not_used_for_the_reference_one(monkeypatch, fresh_registry):
-    """The issue's case: decisions measured with the native kernels, then a process without the
+    """Decisions measured with the native kernels, then a process without the
     native path (ORTFUSE_NATIVE=0): the reference kernel is not kept on their strength, the report
     shows no time measured for another kernel, and the lowered fusion (same kernel) still is kept."""
     if not _native_available():

@@ -1,4 +1,4 @@
-"""``fusion="auto"`` on served traffic, per zoo model, against issue #16's targets: a fresh session with
+"""``fusion="auto"`` on served traffic, per zoo model, against its verdicts (below): a fresh session with
 an empty cache tunes in the idle gaps between served requests, ``wait_tuned(300)`` after 30 served
 requests, then auto beside stock ORT and ``fusion=True``, and served latency while it tuned.
 

@@ -14,7 +14,7 @@ ORT_ENABLE_ALL. *cold*: numba's cache (``NUMBA_CACHE_DIR``) and ortfuse's cache
 folders again, filled by the cold run before. ``fusion="auto"`` measures the candidate fusions
 against ORT on a cold cache (seconds), so it is reported on its own rows.
 
-``--empty-cache`` measures the issue's creation target instead: for each model, rounds of fresh
+``--empty-cache`` measures the creation target instead: for each model, rounds of fresh
 processes in the order stock, auto, auto, stock (docs/ARCHITECTURE.md §8), each timing ``import``
 (``onnxruntime`` for stock, ``ortfuse`` for auto) + ``InferenceSession(...)`` from the process's
 first statement; every auto process gets a new empty ``ORTFUSE_CACHE_DIR`` (nothing known on this

@@ -1,5 +1,5 @@
 """Export transformers' own BertModel to ONNX with both torch exporters: real exporter output for the
-pattern tests and the benchmarks (issue 27), where the zoo's generators only imitate it.
+pattern tests and the benchmarks, where the zoo's generators only imitate it.
 
 Usage::
 

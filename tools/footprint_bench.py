@@ -1,5 +1,5 @@
 """What a fused process costs beside stock ORT: import + session creation time and peak RSS of fresh
-processes, and whether numba or llvmlite were imported (issue #19's table).
+processes, and whether numba or llvmlite were imported.
 
 Usage::
 
@@ -7,7 +7,7 @@ Usage::
                                     [--threads 2] [--json benchmarks/results/]
 
 Per model: one priming process fills the plan cache (``fusion=True``), then ``--rounds`` rounds of
-fresh processes in the order stock, fused, fused, stock (DESIGN of the house: A B B A), each timing
+fresh processes in the order stock, fused, fused, stock (A B B A, docs/ARCHITECTURE.md §8), each timing
 ``import`` + ``InferenceSession(...)`` + one run, and reading its peak RSS (``ru_maxrss``). Reported:
 medians, the fused/stock ratio of the medians, the fused-minus-stock RSS, and the modules loaded.
 Plan caches live in a temporary ``ORTFUSE_CACHE_DIR``; the ops library is the machine's (``ortfuse
@@ -15,7 +15,7 @@ ops-library``), named with ``ORTFUSE_OPS_LIBRARY`` so the temporary cache does n
 ortfuse's modules are compiled to bytecode first, as ``pip install`` does for an installed package:
 stock ORT's modules have theirs, and an editable checkout run with ``PYTHONDONTWRITEBYTECODE`` would
 otherwise compile every ortfuse module from source in each process.
-Issue #19's bound, printed per model: fused creation <= 1.3 x stock's + 0.05 s, RSS <= stock's + 15 MB.
+The footprint bound, printed per model: fused creation <= 1.3 x stock's + 0.05 s, RSS <= stock's + 15 MB.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def compile_bytecode() -> list[str]:
 
 
 def within_bound(r: dict) -> bool:
-    """Issue #19's bound on a warm fused process beside stock ORT's."""
+    """The footprint bound on a warm fused process beside stock ORT's."""
     m = r["median"]
     return (m["fused"]["seconds"] <= 1.3 * m["stock"]["seconds"] + 0.05
             and r["rss_extra_mb"] <= 15 and not r["fused_numba_loaded"] and not r["fused_llvmlite_loaded"])
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
             print(f"{model:20s} stock {m['stock']['seconds']:.3f} s {m['stock']['rss_mb']:.0f} MB | fused "
                   f"{m['fused']['seconds']:.3f} s {m['fused']['rss_mb']:.0f} MB | ratio {r['creation_ratio']:.2f}, "
                   f"+{r['rss_extra_mb']:.0f} MB, numba {r['fused_numba_loaded']}, "
-                  f"llvmlite {r['fused_llvmlite_loaded']}; within #19's bound: {r['within_bound']}")
+                  f"llvmlite {r['fused_llvmlite_loaded']}; within the bound: {r['within_bound']}")
     if args.json:
         from ortfuse.bench.output import result_file
 

@@ -1,8 +1,8 @@
 """A digest of ortfuse's own Python sources, for cache keys (the plan cache, the ops library).
 
 ``tree_digest(bases)`` is sha256 over every ``.py`` file under each folder of ``bases`` (folders in
-sorted order; per folder, each file's path relative to it, then its bytes). Reading every byte costs
-a fresh process about 10-20 ms per tree, so the result is memoised in ``<cache>/sources/``, named by
+sorted order; per folder, each file's path relative to it, then its bytes). Reading every byte would
+cost every fresh process that time again, so the result is memoised in ``<cache>/sources/``, named by
 a digest of the files' relative paths, sizes and modification times (one ``stat`` each): an edited
 file changes its mtime, so the name changes and the content is read again. The folder keeps the
 newest ``KEEP`` memos. ``python tools/footprint_bench.py`` measures what a fused process pays at

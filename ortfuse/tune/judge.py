@@ -38,8 +38,9 @@ from ortfuse.foundation import protocol
 
 ALPHA = 0.01  # one look's chance of a sign-test win from noise alone (at most MAX_LOOKS x ALPHA in all)
 MAX_LOOKS = 4  # timings of one plan, pooled, before an inconclusive verdict is a loss
-# fewer passes never settle a loss by their median alone: a look sized from one disturbed run held 9
-# passes, whose median said 1.043x for a plan that ran 0.95x (python tools/auto_bench.py --models resnet50)
+# fewer passes never settle a loss by their median alone: a look sized from one disturbed run holds few
+# passes, whose median can call a loss for a plan that wins (python tools/auto_bench.py --models resnet50
+# tunes beside served traffic, where such looks happen)
 MIN_PASSES = 24
 
 Raw = Mapping[str, Sequence[Sequence[float]]]
