@@ -13,7 +13,8 @@ import importlib.metadata as md
 import pathlib
 import re
 import sys
-import tomllib
+
+from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIRST_PARTY = {"ortfuse"}
@@ -24,8 +25,14 @@ def _name(requirement: str) -> str:
 
 
 def _declared() -> set[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {_name(r) for r in [*project["dependencies"], *project["optional-dependencies"]["test"]]}
+    """What ``pip install -e '.[test]'`` asks for: ortfuse's requirements as installed (its metadata,
+    written from pyproject.toml), the ``test`` extra's included."""
+    wanted = set()
+    for text in md.requires("ortfuse") or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": "test"}):
+            wanted.add(_name(req.name))
+    return wanted
 
 
 def _closure(names: set[str]) -> set[str]:
@@ -42,16 +49,10 @@ def _closure(names: set[str]) -> set[str]:
             requires = md.requires(name) or []
         except md.PackageNotFoundError:
             continue
-        for req in requires:
-            marker = req.split(";", 1)[1] if ";" in req else ""
-            if "extra" in marker:
-                continue
-            if marker:
-                from packaging.markers import Marker
-
-                if not Marker(marker).evaluate():
-                    continue
-            todo.append(_name(req))
+        for text in requires:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(_name(req.name))
     return seen
 
 
