@@ -223,15 +223,17 @@ def build(path: Path | None = None, isa_level: str | None = None, jobs: int | No
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def library_path(build_missing: bool = True) -> Path:
+def library_path(build_missing: bool = True, isa_level: str | None = None) -> Path:
     """Path of this machine's ops library, built first when missing or refused (``build_missing``);
-    LibraryError when it is disabled, missing, refused (a configured file) or cannot be built."""
+    LibraryError when it is disabled, missing, refused (a configured file) or cannot be built.
+    ``isa_level``: the cache's library of that level instead (built and checked the same way; neither
+    ``ORTFUSE_OPS_LIBRARY`` nor its ``off`` applies: ``ortfuse export`` ships it, no session loads it)."""
     from ortfuse.foundation.files import locked
 
-    if disabled():
+    if isa_level is None and disabled():
         raise LibraryError(f"the ops library is disabled by {ENV}")
-    path = _configured_path()
-    if os.environ.get(ENV, "").strip():
+    path = _configured_path() if isa_level is None else default_path(isa_level)
+    if isa_level is None and os.environ.get(ENV, "").strip():
         if not path.is_file():
             raise LibraryError(f"{ENV} names {path}, which does not exist")
         why = refusal(path, configured=True)
@@ -247,7 +249,7 @@ def library_path(build_missing: bool = True) -> Path:
         # another process may have built it while this one waited; a refused file is built again
         if not path.is_file() or refusal(path, configured=False):
             t0 = time.perf_counter()
-            summary = build(path)
+            summary = build(path, isa_level)
             log.info("ortfuse: built the ops library %s (%d ops, %.0f s)", path, len(summary["ops"]),
                      time.perf_counter() - t0)
     return path

@@ -23,6 +23,8 @@ COMMANDS = {
     "profile": ("ortfuse.cli.profile", "ORT's profiler on the fused and the unfused model: where the time goes"),
     "ops-library": ("ortfuse.cli.ops_library",
                     "build this machine's native ops library (once) and print its path, for any ORT host"),
+    "export": ("ortfuse.cli.export",
+               "write a fused model, its ops library and a Triton model repository entry, for any ORT host"),
 }
 
 
