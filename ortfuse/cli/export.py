@@ -251,9 +251,10 @@ def readme(name: str, model_path: str, library: str | None, level: str, note: st
                 f"so = onnxruntime.SessionOptions(); so.register_custom_ops_library({library!r})\n"
                 f"sess = onnxruntime.InferenceSession({model_path!r}, so)")
         needs = (f"Plain onnxruntime 1.{MIN_RUNTIME_API_VERSION} or newer loads it with the ops library "
-                 f"(ISA level {level}) registered: the library adds the fused ops' domain ai.onnx.contrib itself, so neither ortfuse, numba nor "
-                 "onnxruntime-extensions is needed.\nRegister it alone: onnxruntime-extensions' library adds the "
-                 "same domain, and one SessionOptions with both fails (\"Domain already set in registry\").")
+                 f"(ISA level {level}) registered: the library adds the fused ops' domain ai.onnx.contrib "
+                 "itself, so neither ortfuse, numba nor onnxruntime-extensions is needed.\n"
+                 "Register it alone: onnxruntime-extensions' library adds the same domain, and one "
+                 "SessionOptions with both fails (\"Domain already set in registry\").")
     return (f"{name}: {note}\n\n{needs}\n\n" + "\n".join("    " + line for line in load.splitlines()) +
             "\n\nTriton Inference Server (ONNX Runtime backend): tritonserver --model-repository=<this folder's "
             "parent>;\nconfig.pbtxt names the library by the path given with --repo-path (default: where it was "
