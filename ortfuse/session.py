@@ -17,6 +17,9 @@ Contract (planning itself: ``ortfuse.runtime.planning``):
   cannot be copied exactly, get the ops registered on them, and the report says so.
 - Fused ops run native kernels where the registry has one for this CPU, else the numpy reference;
   if the native path cannot be registered, the reference is used with one warning.
+- ``plan=`` (keyword-only; or the config entry ``ortfuse.plan``, ``$ORTFUSE_PLAN``): a plan file made
+  by ``ortfuse tune MODEL --export PLAN`` that a ``fusion="auto"`` session installs and serves fused
+  from its first run when it is valid here (``ortfuse.runtime.plan_artifact``); else it warns why.
 - ``fusion="auto"`` (argument or metadata) is created wherever stock ORT creates the model; by
   default it serves at once with the best plan known on this machine and tunes on live traffic
   (``ortfuse.runtime.live_tuning``: ``wait_tuned``, ``fusion_status``, ``tune_with``).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import onnxruntime as _ort
 
@@ -63,6 +67,21 @@ def _valid_fusion_value(fusion) -> bool:
     return fusion is None or fusion is True or fusion is False or fusion == "auto"
 
 
+def _use_plan_file(given, source, sess_options, fusion_patterns) -> str:
+    """Install the plan file a ``fusion="auto"`` session is given (``plan=``, else the config entry
+    or environment variable) into the plan cache when it is valid here (``plan_artifact.use``); the
+    note for its report ("" when none is given), warned when the file is not used."""
+    from ortfuse.runtime import plan_artifact  # imported by auto sessions only: import ortfuse stays cheap
+
+    path = plan_artifact.configured(sess_options, given)
+    if path is None:
+        return ""
+    used, note = plan_artifact.use(path, source, sess_options, fusion_patterns)
+    if not used:
+        warnings.warn(f"ortfuse: {note}", stacklevel=3)
+    return note
+
+
 _ORT_RUN = _ort.InferenceSession.run
 
 
@@ -86,10 +105,15 @@ class InferenceSession(_ort.InferenceSession):
         *,
         fusion=None,
         fusion_patterns=None,
+        plan=None,
         **kwargs,
     ) -> None:
         if not _valid_fusion_value(fusion):
             raise ValueError(f"fusion must be None, False, True or 'auto', got {fusion!r}.")
+        if plan is not None and fusion != "auto":
+            raise ValueError(f"plan= is used by fusion='auto' sessions only, got fusion={fusion!r}; "
+                             "pass fusion='auto' with it.")
+        given_plan = plan  # the name is the plan's below
         onnx = sys.modules.get("onnx")  # a ModelProto argument means onnx is imported already
         if onnx is not None and isinstance(path_or_bytes, onnx.ModelProto):
             path_or_bytes = path_or_bytes.SerializeToString()
@@ -108,7 +132,10 @@ class InferenceSession(_ort.InferenceSession):
             self.fusion_report = stepped_aside(provider_problem, fusion, stacklevel=3)
         elif isinstance(path_or_bytes, (str, bytes)):
             try:
+                plan_note = _use_plan_file(given_plan, path_or_bytes, sess_options, fusion_patterns) \
+                    if fusion == "auto" else ""
                 prepared = prepare(path_or_bytes, sess_options, fusion, fusion_patterns)
+                prepared.report.notes += [plan_note] if plan_note else []
             except (UnknownPatternError, MetadataError):
                 raise  # a bad fusion request is the caller's to fix
             except Exception as exc:

@@ -67,10 +67,11 @@ def test_is_a_subclass_with_ort_signature_plus_fusion():
     assert issubclass(ortfuse.InferenceSession, onnxruntime.InferenceSession)
     ours = inspect.signature(ortfuse.InferenceSession.__init__).parameters
     theirs = inspect.signature(onnxruntime.InferenceSession.__init__).parameters
-    assert [p for p in ours if p not in ("fusion", "fusion_patterns")] == list(theirs)
+    assert [p for p in ours if p not in ("fusion", "fusion_patterns", "plan")] == list(theirs)
     for name in theirs:
         assert ours[name].kind == theirs[name].kind and ours[name].default == theirs[name].default
-    assert ours["fusion"].default is None and ours["fusion_patterns"].default is None
+    assert ours["fusion"].default is None and ours["fusion_patterns"].default is None and ours["plan"].default is None
+    assert ours["plan"].kind == inspect.Parameter.KEYWORD_ONLY
 
 
 def test_io_metadata_and_providers_match(variant):

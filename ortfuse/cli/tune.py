@@ -4,6 +4,7 @@
     ortfuse tune resnet50 --batch 64 --threads 2
     ortfuse tune model.onnx --dim seq=384 --force --json
     ortfuse tune model.onnx --inputs data.npz       # measured on these arrays (by input name)
+    ortfuse tune model.onnx --export model.plan     # and the plan as one file for identical machines
 
 Sessions created later with ``fusion="auto"`` and the same optimization level, threads and input
 shapes (``SessionOptions`` config entry ``ortfuse.tune_dims``, e.g. ``"batch=64"``) load the cached
@@ -35,6 +36,9 @@ def add_arguments(p) -> None:
                    help="seconds of measuring, the kernel ranking included (default 30); matches not reached "
                         "stay unfused and the decisions are not cached")
     p.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    p.add_argument("--export", metavar="PLAN", default=None,
+                   help="also write the plan as one file that fusion='auto' sessions on identical machines use "
+                        "(InferenceSession(..., plan=PLAN), config entry ortfuse.plan or $ORTFUSE_PLAN)")
 
 
 def run(args) -> int:
@@ -55,7 +59,8 @@ def run(args) -> int:
             raise model_args.ModelArgError(
                 f"unknown level {args.level!r}; use ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, "
                 "ORT_ENABLE_LAYOUT or ORT_ENABLE_ALL")
-        model = model_args.load(models.resolve(args.model))
+        path = models.resolve(args.model)
+        model = model_args.load(path)
         # checked on stock ORT at the shapes the tuner makes its feeds at (feeds.sample_shapes)
         made = feeds.command_feeds(model, args.inputs, dims, budget=feeds.SAMPLE_BUDGET_BYTES)
         feeds.check_feeds(model, made.feeds, made.npz)
@@ -76,6 +81,15 @@ def run(args) -> int:
     if tuning.failure:
         print(f"ortfuse tune: nothing was measured: {tuning.failure.rstrip('.')}.", file=sys.stderr)
         return 1
+    if args.export:
+        from ortfuse.runtime import plan_artifact
+
+        try:
+            summary = plan_artifact.export(path, so, args.patterns, tuning, args.export)
+        except (plan_artifact.PlanFileError, OSError) as exc:
+            print(f"ortfuse tune: no plan written: {str(exc).rstrip('.')}.", file=sys.stderr)
+            return 1
+        print(summary, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps({**tuning.to_dict(), "path": tuning.path, "from_cache": tuning.from_cache,
                           "sample_note": tuning.sample_note}, indent=1))
