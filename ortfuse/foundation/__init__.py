@@ -12,4 +12,5 @@ needs them.
     yielding         tuning runs and timings that yield to served runs
     isa              the CPU's features and ISA levels, numba's target for each level
     child_process    child processes that start clean, run at idle priority and die with their parent
+    plan_store       a plan store replicas share: published plan files by key, a lease per key
 """
