@@ -67,19 +67,28 @@ def _valid_fusion_value(fusion) -> bool:
     return fusion is None or fusion is True or fusion is False or fusion == "auto"
 
 
-def _use_plan_file(given, source, sess_options, fusion_patterns) -> str:
+def _use_plan_file(given, source, sess_options, fusion_patterns):
     """Install the plan file a ``fusion="auto"`` session is given (``plan=``, else the config entry
-    or environment variable) into the plan cache when it is valid here (``plan_artifact.use``); the
-    note for its report ("" when none is given), warned when the file is not used."""
-    from ortfuse.runtime import plan_artifact  # imported by auto sessions only: import ortfuse stays cheap
+    or environment variable) into the plan cache when it is valid here (``plan_artifact.use``), else
+    the one a shared plan store holds (``shared_plans``); (the note for its report ("" when none is
+    given), warned when the file is not used; the session's ``SharedPlan`` when a store is named and
+    holds no plan for it yet, else None)."""
+    from ortfuse.runtime import plan_artifact, shared_plans  # auto sessions only: import ortfuse stays cheap
 
     path = plan_artifact.configured(sess_options, given)
     if path is None:
-        return ""
+        store = shared_plans.configured(sess_options)
+        if store is None:
+            return "", None
+        shared = shared_plans.SharedPlan(store, source, sess_options, fusion_patterns)
+        used, note = shared.install_published()
+        if note and not used:
+            warnings.warn(f"ortfuse: {note}", stacklevel=3)
+        return note, None if used else shared
     used, note = plan_artifact.use(path, source, sess_options, fusion_patterns)
     if not used:
         warnings.warn(f"ortfuse: {note}", stacklevel=3)
-    return note
+    return note, None
 
 
 _ORT_RUN = _ort.InferenceSession.run
@@ -125,15 +134,15 @@ class InferenceSession(_ort.InferenceSession):
         # _run_guarded, and with ORT's parallel executor they are shared runs (python_ops.begin_run)
         self._ortfuse_reference_inputs: frozenset | None = None
         self._ortfuse_live: LiveTuning | None = None
-        source, user_options, prepared = path_or_bytes, sess_options, None
+        source, user_options, prepared, shared = path_or_bytes, sess_options, None, None
         plan = None
         provider_problem = _provider_problem(providers, sess_options) if fusion is not False else ""
         if provider_problem:
             self.fusion_report = stepped_aside(provider_problem, fusion, stacklevel=3)
         elif isinstance(path_or_bytes, (str, bytes)):
             try:
-                plan_note = _use_plan_file(given_plan, path_or_bytes, sess_options, fusion_patterns) \
-                    if fusion == "auto" else ""
+                plan_note, shared = _use_plan_file(given_plan, path_or_bytes, sess_options, fusion_patterns) \
+                    if fusion == "auto" else ("", None)
                 prepared = prepare(path_or_bytes, sess_options, fusion, fusion_patterns)
                 prepared.report.notes += [plan_note] if plan_note else []
             except (UnknownPatternError, MetadataError):
@@ -180,6 +189,8 @@ class InferenceSession(_ort.InferenceSession):
         if prepared is not None and prepared.auto:
             self._ortfuse_live = LiveTuning(self, prepared, path_or_bytes, user_options, fusion, fusion_patterns,
                                             kwargs.get("disabled_optimizers"))
+            if shared is not None and self._ortfuse_live.recording:  # tuned once per plan store
+                shared.follow(self, self._ortfuse_live)
 
     @property
     def fusion_status(self) -> str:

@@ -112,6 +112,10 @@ class LiveTuning:
         self._samples: list[dict] = []
         self._sample_bytes = 0
         self.recording = bool(prepared.pending)  # served feeds are recorded (read and set under served.lock)
+        # a shared plan store's replica that does not hold the key's lease: feeds are recorded, the
+        # tuning waits for ``release_start`` (runtime.shared_plans); read and set under served.lock
+        self.hold_start = False
+        self._start_held = False
         # creation found nothing (maybe from the bytes alone, ortfuse.tune.lookup): look again, parsed, first
         self._deferred = self.recording and not prepared.report.matches
         self._compile_since: float | None = None  # when it started (its time is not the tuning's work)
@@ -166,8 +170,62 @@ class LiveTuning:
                 if len(self._samples) >= SAMPLE_RUNS:
                     self.recording = False
                     self.running = start = True
+            if start and self.hold_start:
+                self.running = start = False
+                self._start_held = True
+                self._status = "serving stock ORT, waiting for the plan another replica tunes (plan store)"
         if start:
             self._start()
+
+    def release_start(self) -> None:
+        """Let this tuning start (now, if its feeds are recorded already): this replica tunes."""
+        with self.served.lock:
+            self.hold_start = False
+            start, self._start_held = self._start_held, False
+            if start:
+                self.running = True
+        if start:
+            self._start()
+
+    def adopt(self, prepared) -> None:
+        """Swap in ``prepared``, a plan made elsewhere (a plan store's, installed in the plan cache),
+        checked on the feeds recorded so far; recording and any held tuning end. On this thread."""
+        with self.served.lock:
+            if self.running:
+                return
+            self.recording, self.hold_start, self._start_held, self.running = False, True, False, True
+        status = ""
+        try:
+            session = self._session()
+            if session is None:
+                raise _Stopped("the session was closed")
+            new = None
+            if prepared.plan is not None and self._samples:
+                new = self._build_and_check(prepared)
+            elif prepared.plan is not None:
+                new = self._build(session, prepared)
+            del session
+            status = self._swap(prepared, new)
+            self._mark("swapped" if new is not None else "ended on the current plan")
+        except (_Stopped, Unfit) as exc:
+            status = f"stock ORT: the plan store's plan was not swapped in: {exc}"
+        except Exception as exc:  # the session keeps serving the plan it has
+            status = f"stock ORT: the plan store's plan was not swapped in: {one_sentence(exc)}"
+        finally:
+            self._samples, self._sample_bytes = [], 0
+            self._ended(status)
+        self._release()
+
+    def _ended(self, status: str) -> None:
+        self._status = status or self._status
+        with self.served.lock:
+            self.running = False
+        self._done.set()
+
+    def _release(self) -> None:
+        """Replaced C sessions released once idle; served runs no longer counted when nothing needs it."""
+        self.served.release_when_idle(lambda: self._stop)
+        self.served.detach_if_idle()
 
     def _recording_status(self) -> str:
         return f"serving stock ORT, recording feeds ({len(self._samples)}/{SAMPLE_RUNS})"
@@ -246,12 +304,8 @@ class LiveTuning:
                 if not session.fusion_report.applied:
                     session.fusion_report.reason = f"fusion='auto': live tuning: {why}; stock ORT"
             del session
-            self._status = status or self._status
-            with self.served.lock:
-                self.running = False
-            self._done.set()
-        self.served.release_when_idle(lambda: self._stop)
-        self.served.detach_if_idle()
+            self._ended(status)
+        self._release()
 
     def _mark(self, event: str) -> None:
         self.timeline.append((event, time.perf_counter()))

@@ -53,8 +53,7 @@ def digest(members: list[tuple[str, bytes]]) -> str:
 
 def write(path: str, members: list[tuple[str, bytes]]) -> None:
     """Write ``members`` as a plan file signed with their ``digest`` (atomically, private)."""
-    header = {"members": [[name, len(data)] for name, data in members], "sha256": digest(members)}
-    write_atomic(path, MAGIC + json.dumps(header).encode() + b"\n" + b"".join(data for _, data in members))
+    write_atomic(path, encode(members))
 
 
 def read(path: str) -> dict[str, bytes]:
@@ -64,6 +63,11 @@ def read(path: str) -> dict[str, bytes]:
             raw = f.read()
     except OSError as exc:
         raise PlanFileError(f"the plan file cannot be read ({one_sentence(exc)})") from exc
+    return read_bytes(raw)
+
+
+def read_bytes(raw: bytes) -> dict[str, bytes]:
+    """The members of the plan file ``raw`` after checking its digest; PlanFileError otherwise."""
     if not raw.startswith(MAGIC):
         raise PlanFileError("the file is not an ortfuse plan (it does not start with ORTFUSE-PLAN 1)")
     end = raw.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEADER)
@@ -96,7 +100,9 @@ def _settings(sess_options, fusion_patterns) -> dict:
             "patterns": sorted(fusion_patterns) if fusion_patterns is not None else None}
 
 
-def _valid_for(source: str | bytes, sess_options, fusion_patterns) -> dict | None:
+def valid_for(source: str | bytes, sess_options, fusion_patterns) -> dict | None:
+    """What a plan made in this process for this request is valid for (``plan.json``'s ``valid_for``);
+    None when the model's identity cannot be had."""
     found = plan_cache.identity(source)
     if found is None:
         return None
@@ -108,12 +114,26 @@ def _valid_for(source: str | bytes, sess_options, fusion_patterns) -> dict | Non
 def export(source: str, sess_options, fusion_patterns, tuning, out: str) -> str:
     """Write the plan ``fusion="auto"`` makes of ``source`` with ``tuning`` (final decisions) to
     ``out``; return a one-line summary. PlanFileError when there is nothing final to export."""
+    members, kept = export_members(source, sess_options, fusion_patterns, tuning)
+    write(out, members)
+    return (f"plan written to {out}: {kept} fusion(s) kept" if len(members) > 1
+            else f"plan written to {out}: no fusion kept, sessions given it serve stock ORT without tuning")
+
+
+def encode(members: list[tuple[str, bytes]]) -> bytes:
+    """The plan file of ``members``, signed with their ``digest``."""
+    header = {"members": [[name, len(data)] for name, data in members], "sha256": digest(members)}
+    return MAGIC + json.dumps(header).encode() + b"\n" + b"".join(data for _, data in members)
+
+
+def export_members(source: str | bytes, sess_options, fusion_patterns, tuning) -> tuple[list, int]:
+    """The members of the plan file ``export`` writes, and how many fusions the plan keeps."""
     from ortfuse.runtime.planning import plan_entry, prepare
 
     if not tuning.cacheable or tuning.failure:
         raise PlanFileError("the decisions are not final (a spent budget or a failed measurement); "
                             "tune again with a larger --budget")
-    valid = _valid_for(source, sess_options, fusion_patterns)
+    valid = valid_for(source, sess_options, fusion_patterns)
     if valid is None:
         raise PlanFileError("the model's content digest cannot be had (unreadable or changing files)")
     prepared = prepare(source, sess_options, "auto", fusion_patterns, mode="off", tuning=tuning)
@@ -127,10 +147,7 @@ def export(source: str, sess_options, fusion_patterns, tuning, out: str) -> str:
         else:
             with open(plan.source, "rb") as f:
                 members.append((MODEL_MEMBER, f.read()))
-    write(out, members)
-    kept = sum(d.keep for d in tuning.decisions)
-    return (f"plan written to {out}: {kept} fusion(s) kept" if plan is not None
-            else f"plan written to {out}: no fusion kept, sessions given it serve stock ORT without tuning")
+    return members, sum(d.keep for d in tuning.decisions)
 
 
 def configured(sess_options, given: str | os.PathLike | None) -> str | None:
@@ -161,17 +178,18 @@ def _mismatch(expected: dict, here: dict) -> str:
     return ""
 
 
-def use(path: str, source: str | bytes, sess_options, fusion_patterns) -> tuple[bool, str]:
-    """Install the plan file at ``path`` into the plan cache under this session's key when it is
-    valid here: (True, note) then; else (False, one sentence why it is not used). Never raises."""
+def use(path: str, source: str | bytes, sess_options, fusion_patterns, raw: bytes | None = None) -> tuple[bool, str]:
+    """Install the plan file at ``path`` (``raw``: its bytes, read from a plan store, ``path`` then
+    names where) into the plan cache under this session's key when it is valid here: (True, note)
+    then; else (False, one sentence why it is not used). Never raises."""
     try:
-        members = read(path)
+        members = read(path) if raw is None else read_bytes(raw)
         try:
             content = json.loads(members[PLAN_MEMBER])
             expected, entry = content["valid_for"], dict(content["entry"])
         except (KeyError, ValueError, TypeError) as exc:
             raise PlanFileError("the plan file lacks its plan description") from exc
-        here = _valid_for(source, sess_options, fusion_patterns)
+        here = valid_for(source, sess_options, fusion_patterns)
         if here is None:
             raise PlanFileError("the model's content digest cannot be had (unreadable or changing files)")
         why = _mismatch(expected, here)
