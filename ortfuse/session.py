@@ -77,7 +77,12 @@ def _use_plan_file(given, source, sess_options, fusion_patterns):
 
     path = plan_artifact.configured(sess_options, given)
     if path is None:
-        store = shared_plans.configured(sess_options)
+        try:
+            store = shared_plans.configured(sess_options)
+        except OSError as exc:
+            note = f"plan store not used: its folder cannot be made ({exc.strerror}: {exc.filename}); tuned here"
+            warnings.warn(f"ortfuse: {note}", stacklevel=3)
+            return note, None
         if store is None:
             return "", None
         shared = shared_plans.SharedPlan(store, source, sess_options, fusion_patterns)

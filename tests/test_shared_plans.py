@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 import onnx
+import pytest
 
+import ortfuse
 from ortfuse.runtime import shared_plans
 
 from model_fixtures import ffn_matmul_add_relu
@@ -124,3 +126,12 @@ def test_a_lease_whose_holder_was_killed_expires_and_another_replica_tunes(tmp_p
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_a_store_folder_that_cannot_be_made_is_one_warning_and_the_session_tunes_here(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(shared_plans.STORE_ENV, str(tmp_path / "file" / "store"))
+    with pytest.warns(UserWarning, match="plan store not used: its folder cannot be made"):
+        session = ortfuse.InferenceSession(_model(tmp_path), fusion="auto")
+    assert session.fusion_status.startswith("serving stock ORT, recording feeds")
