@@ -26,8 +26,8 @@ from ortfuse.ir.graph import GraphIndex
 ID = "conv_add_relu"
 
 
-# Conv [-> Add(bias)] [-> BatchNormalization] -> Add(residual) -> Relu
-#   ->   FusedConvAddAct(X, W', B', residual)
+# [Mul/Add(const)...] -> Conv [-> Add(bias)] [-> BatchNormalization] [-> Mul/Add(const)...]
+#   -> Add(residual) -> Relu   ->   FusedConvAddAct(X, W', B', residual)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     core = conv_core(ix, anchor, ID)
     if not isinstance(core, ConvCore):
