@@ -244,7 +244,7 @@ def _intermediates(model: onnx.ModelProto) -> list[str]:
 
 
 @st.composite
-def with_extras(draw, b: GraphBuilder, final: str) -> onnx.ModelProto:
+def with_extras(draw, b: GraphBuilder, final: str, rounding: bool = True) -> onnx.ModelProto:
     """Make random intermediates graph outputs, give them extra consumers, or have an If branch read
     them; round the final value to integers (a requantization: every fused op upstream must give
     ORT's exact bits or be left to ORT); leave some nodes unnamed."""
@@ -269,7 +269,7 @@ def with_extras(draw, b: GraphBuilder, final: str) -> onnx.ModelProto:
                           for op in ("Identity", "Neg")]
                 b.output(b.op("If", [cond], name=f"if{j}", then_branch=branch[0], else_branch=branch[1]))
         model = b.build()
-    if b.dtype == np.float32 and draw(st.integers(0, 3)) == 0:
+    if rounding and b.dtype == np.float32 and draw(st.integers(0, 3)) == 0:
         kinds = ["floor_cast", "compare"] + (["round", "quantize"] if b.opset >= 11 else [])
         rounding = draw(st.sampled_from(kinds))
         scaled = b.op("Mul", [final, b.const(np.float32(draw(st.sampled_from([3.0, 0.37, 4096.0]))))])
@@ -324,7 +324,7 @@ def check_fuse_property(model: onnx.ModelProto, feeds: dict, patterns=None):
 
 
 @st.composite
-def core_graphs(draw, core: str):
+def core_graphs(draw, core: str, rounding: bool = True):
     opsets = {"conv": [7, 10, 13, 14, 17], "gemm": [10, 13, 17, 20], "eltwise": [10, 13, 17]}[core]
     b = GraphBuilder(opset=draw(st.sampled_from(opsets)), seed=draw(seeds))
     if core == "conv":
@@ -335,7 +335,7 @@ def core_graphs(draw, core: str):
         t = draw(eltwise_graph(b))
     if core != "eltwise" and draw(st.integers(0, 3)) == 0:
         t = draw(eltwise_tail(b, t, None, draw(st.integers(1, 3))))
-    model = draw(with_extras(b, t))
+    model = draw(with_extras(b, t, rounding))
     return model, b.feeds(draw(seeds))
 
 
@@ -394,8 +394,10 @@ def test_fuzz_grammar_reaches_every_pattern():
     least once, and rejections occur."""
     seen, rejected = set(), 0
 
-    @settings(FUZZ, max_examples=100)
-    @given(st.sampled_from(["conv", "gemm", "eltwise"]).flatmap(core_graphs))
+    # without the rounding extras, which leave non-exact matches to ORT by design; 300 graphs, so that
+    # the sample reaches every pattern whatever hypothesis version draws it (the draws differ by version)
+    @settings(FUZZ, max_examples=300)
+    @given(st.sampled_from(["conv", "gemm", "eltwise"]).flatmap(lambda core: core_graphs(core, rounding=False)))
     def collect(graph):
         nonlocal rejected
         _, report = fuse(graph[0])
