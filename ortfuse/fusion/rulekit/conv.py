@@ -130,8 +130,9 @@ def _fold_input_affine(ix: GraphIndex, conv: onnx.NodeProto, nodes: list[onnx.No
             break
         source = next((i for i in node.input if ix.const(i) is None), None)
         values = _channel_constant(ix, node, source, channels) if source else None
-        if values is None:
-            break
+        shape = ix.shape(source) if source else None
+        if values is None or shape is None or shape != ix.shape(x):
+            break  # the conv must read a tensor of its input's shape (the constant broadcasts, not x)
         steps.append((node, values))
         x = source
     if not steps:

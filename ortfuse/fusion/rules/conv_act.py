@@ -179,7 +179,7 @@ def _conv_affine_hardswish(scale_shape: tuple[int, ...] = (1,)) -> onnx.ModelPro
     return model(nodes, {"x": [2, 3, 8, 7]}, ["y"], constants)
 
 
-def _affine_then_conv(pads: int = 0, group: int = 1, kernel: int = 1) -> onnx.ModelProto:
+def _affine_then_conv(pads: int = 0, group: int = 1, kernel: int = 1, x_channels: int = 4) -> onnx.ModelProto:
     """x -> Mul(per-channel scale) -> Add(bias) -> Conv -> Relu: the affine block an activation ends
     with, before the next conv. Folded into an unpadded conv; a padded one reads it as it is."""
     nodes = [helper.make_node("Mul", ["x", "s"], ["m"], name="lab_mul"),
@@ -188,7 +188,7 @@ def _affine_then_conv(pads: int = 0, group: int = 1, kernel: int = 1) -> onnx.Mo
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     constants = {"s": weights([1, 4, 1, 1], seed=2) + 1, "t": weights([1], seed=3) + 2,
                  "w": weights([6, 4 // group, kernel, kernel]), "b": weights([6], seed=1)}
-    return model(nodes, {"x": [2, 4, 8, 7]}, ["y"], constants)
+    return model(nodes, {"x": [2, x_channels, 8, 7]}, ["y"], constants)
 
 
 RULE = PatternRule(
@@ -202,6 +202,8 @@ RULE = PatternRule(
         Example("affine_into_pointwise_conv", _affine_then_conv),
         Example("affine_into_grouped_3x3_conv", lambda: _affine_then_conv(group=2, kernel=3)),
         Example("affine_before_a_padded_conv_stays", lambda: _affine_then_conv(pads=1, kernel=3)),
+        # x has one channel and the per-channel scale broadcasts it to four: the conv keeps reading the product
+        Example("affine_that_broadcasts_its_input_stays", lambda: _affine_then_conv(x_channels=1)),
         Example("scale_along_the_width", lambda: _conv_affine_hardswish((7,)), reason=""),
         Example("weight_computed_at_run_time", lambda: _conv_then_ops("Relu", weight_input=True),
                 reason="Conv weight 'w' is not a constant"),
