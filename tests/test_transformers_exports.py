@@ -27,6 +27,7 @@ import ortfuse
 from ortfuse import fuse
 from ortfuse.fusion.report import FUSED
 
+import weightless_fixtures
 from pattern_graphs import CPU, run_stock
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,7 +42,7 @@ ORT_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pyb
 
 @pytest.fixture(scope="module", params=list(EXPORTS))
 def export(request) -> tuple[str, onnx.ModelProto]:
-    return request.param, onnx.load(str(FIXTURES / EXPORTS[request.param]))
+    return request.param, weightless_fixtures.load(FIXTURES / EXPORTS[request.param])
 
 
 def _feeds(batch: int, seq: int, seed: int = 0, all_masked: bool = False) -> dict[str, np.ndarray]:
