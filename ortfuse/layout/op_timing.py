@@ -67,6 +67,8 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
         stock_so, why_not = with_custom_ops(stock_so, stock_ops, python_ops=False)
         if why_not:
             return None
+    for options in (so, stock_so):  # a probe that fails is left to ORT by the caller: no error line printed
+        options.log_severity_level = 4
     cpu = ["CPUExecutionProvider"]
     stock_s = ort.InferenceSession(stock, stock_so, providers=cpu)
     native_s = ort.InferenceSession(native, so, providers=cpu)
