@@ -54,12 +54,21 @@ def build(name: str, force: bool = False) -> Path:
 
 def resolve(arg: str) -> str:
     """The path of a command line's MODEL argument: an existing file (or any ``.onnx`` name) as given,
-    else the built file of a zoo model name; ``ModelArgError`` otherwise."""
+    else the built file of a zoo model name, else a public model fetched into the cache
+    (``ortfuse.models.public``); ``ModelArgError`` otherwise, also when a public model cannot be fetched."""
+    from . import public
+
     if os.path.exists(arg) or arg.lower().endswith(".onnx"):
         return arg
     if arg in NAMES:
         return str(build(arg))
-    raise ModelArgError(f"{arg!r} is neither an .onnx file nor a zoo model; zoo models: {', '.join(NAMES)}")
+    if arg in public.NAMES:
+        try:
+            return str(public.fetch(arg))
+        except public.FetchError as exc:
+            raise ModelArgError(f"{arg}: {exc}") from None
+    raise ModelArgError(f"{arg!r} is neither an .onnx file nor a zoo model nor a public model; zoo models: "
+                        f"{', '.join(NAMES)}; public models: {', '.join(public.NAMES)}")
 
 
 def sample_inputs(name: str, batch: int = 1, seed: int = 0,

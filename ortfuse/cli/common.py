@@ -18,10 +18,17 @@ def add_input_arguments(p, what: str = "random inputs") -> None:
 def command_inputs(model, args, batch: int = 1, seed: int = 0):
     """The ``ortfuse.ir.feeds.CommandFeeds`` of ``args.inputs`` / ``args.dim`` for ``model``, run once on
     stock ORT: ``FeedError`` (or ``SampleRejected``, with the fix) as one sentence otherwise;
-    ``ModelArgError`` for a malformed ``--dim``."""
+    ``ModelArgError`` for a malformed ``--dim``. A public model named by ``args.model`` without
+    ``--inputs`` or ``--dim`` takes sample data at its pinned input shape (its dims have no names)."""
     from ortfuse.ir import feeds, model_args
+    from ortfuse.models import public
 
-    made = feeds.command_feeds(model, args.inputs, model_args.parse_dims(args.dim), batch, seed)
+    if getattr(args, "model", None) in public.NAMES and not args.inputs and not args.dim:
+        arrays = public.sample_inputs(args.model, batch, seed)
+        shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in arrays.items())
+        made = feeds.CommandFeeds(arrays, None, f"random, seed {seed}; the public model's pinned shape: {shapes}")
+    else:
+        made = feeds.command_feeds(model, args.inputs, model_args.parse_dims(args.dim), batch, seed)
     feeds.check_feeds(model, made.feeds, made.npz)
     return made
 

@@ -16,7 +16,7 @@ from ortfuse.profiling.trace import ProfileError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="path of the .onnx model (or a zoo model name)")
+    p.add_argument("model", help="path of the .onnx model, a zoo model name or a public model name")
     p.add_argument("--runs", type=int, default=10, help="counted runs per configuration (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="uncounted first runs per configuration (default 1)")
     p.add_argument("--top", type=int, default=10, help="rows per table (default 10)")

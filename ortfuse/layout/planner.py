@@ -4,7 +4,10 @@ blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions 
 ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize), then 3x3 convs as native
 Winograd kernels and stride-2 ConvTransposes read from blocks where they measure faster here
 (``winograd``, ``deconv``), then squeeze-excite blocks as one native op (``se_block``) and depthwise
-convs as native kernels where they do (``depthwise``). The graph ORT writes is
+convs as native kernels where they do (``depthwise``). All of that is done twice when some conv's
+channels are off the block: on the fused model and on it with those channels padded to whole blocks
+(``channel_padding``), and the padded form is kept where the two whole graphs time it faster. The
+graph ORT writes is
 what the session loads; reloading it at any optimization level gives the same graph, and it holds
 for this machine only (the block size is this CPU's), as every plan does (the plan cache is keyed
 by the CPU).
@@ -25,7 +28,7 @@ import onnx
 
 from ortfuse.fusion.discontinuity import deciding_tensors
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, deconv, depthwise, op_timing, regions, se_block, winograd
+from ortfuse.layout import blocked_scale, channel_padding, deconv, depthwise, op_timing, regions, se_block, winograd
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -48,9 +51,6 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     """(layout, "") or (None, why the layout step leaves the fused model as it is). ``original``: the
     model before fusion, whose shapes name the tensors around the reorders (fused ops have none)."""
     import onnxruntime as ort
-
-    from ortfuse.foundation.session_options import make_options
-    from ortfuse.kernels.op_registration import with_custom_ops
 
     if not enabled():
         return None, f"layout: {ENV}=off"
@@ -78,6 +78,53 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
                for n in fused.graph.node):
         return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
                       "native elementwise op, Split, Concat, Resize, ConvTranspose) and no 3x3 or depthwise conv")
+    threads = sess_options.intra_op_num_threads if sess_options is not None else 0
+    plain, why_not = _blocked(data, fused, shape, block, native_ops, disabled_optimizers, threads)
+    padded, padded_model, padding = None, fused, channel_padding.PaddingResult()
+    if padding_mode() != "off":
+        padded_model, padding = channel_padding.pad_channels(fused, block, shape)
+    if padded_model is not fused:
+        padded, _ = _blocked(padded_model.SerializeToString(), padded_model, padding.shape_of(shape), block,
+                             native_ops, disabled_optimizers, threads)
+    if padded is not None and (plain is None or _padding_wins(plain, padded, original, native_ops, threads)):
+        chosen, done = padded, [padding.summary()]
+    elif plain is None:
+        return None, why_not
+    else:
+        chosen, done = plain, []
+    done += chosen.done
+    if not done:
+        return None, f"layout: nothing for ortfuse to run blocked ({chosen.before} reorders left by ORT){chosen.failed}"
+    extra_inputs = _prune_stray_inputs(chosen.graph.graph, fused.graph)
+    if extra_inputs:
+        return None, f"layout: ORT's optimized graph asks for inputs the model does not have ({extra_inputs[0]})"
+    after = blocked_scale.reorder_count(chosen.graph.graph)
+    left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(chosen.graph.graph, block).items()))
+    note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {chosen.before} -> {after}"
+            + (f" (left where a region meets {left})" if left else "") + chosen.failed)
+    return Layout(chosen.graph, chosen.native, note), ""
+
+
+@dataclass
+class _Blocked:
+    """ORT's optimized graph of one form of the fused model with ortfuse's blocked ops in it."""
+
+    graph: onnx.ModelProto
+    native: frozenset  # the native op types the rewrites added
+    done: list  # one summary per rewrite that changed the graph
+    before: int  # reorders in ORT's graph before the rewrites
+    failed: str  # "; <rewrite> left to ORT (<error>)" for each rewrite that raised
+
+
+def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops: frozenset, disabled_optimizers,
+             threads: int) -> tuple[_Blocked | None, str]:
+    """ORT's optimization of ``data`` (``fused`` serialized) with the blocked rewrites applied, or None
+    and why ORT could not optimize it. ``shape``: dims by tensor name, as the rewrites read them."""
+    import onnxruntime as ort
+
+    from ortfuse.foundation.session_options import make_options
+    from ortfuse.kernels.op_registration import with_custom_ops
+
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         so.log_severity_level = 3
@@ -93,11 +140,11 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
             return None, f"layout: ORT could not optimize the fused model ({type(exc).__name__})"
     before = blocked_scale.reorder_count(optimized.graph)
     moved = blocked_scale.block_channel_scales(optimized.graph, shape, block)
+    failed = ""
     try:  # the graph is changed only when the rewrite of the regions is complete
-        grown, failed = regions.run_blocked_regions(optimized.graph, shape, block), ""
+        grown = regions.run_blocked_regions(optimized.graph, shape, block)
     except Exception as exc:  # never worse than the plan without regions
         grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
-    threads = sess_options.intra_op_num_threads if sess_options is not None else 0
     cold = op_timing.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
     try:
         wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold))
@@ -118,26 +165,58 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     except Exception as exc:  # never worse than the plan without them
         dw = depthwise.DepthwiseResult()
         failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"
-    if not moved and not grown.regions and not wino.replaced and not up.replaced and not se.replaced \
-            and not dw.replaced:
-        return None, f"layout: nothing for ortfuse to run blocked ({before} reorders left by ORT){failed}"
-    extra_inputs = _prune_stray_inputs(optimized.graph, fused.graph)
-    if extra_inputs:
-        return None, f"layout: ORT's optimized graph asks for inputs the model does not have ({extra_inputs[0]})"
-    after = blocked_scale.reorder_count(optimized.graph)
     done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
     done += [grown.summary()] if grown.regions else []
     done += [wino.summary()] if wino.replaced else []
     done += [up.summary()] if up.replaced else []
     done += [se.summary()] if se.summary() else []
     done += [dw.summary()] if dw.summary() else []
-    left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(optimized.graph, block).items()))
-    note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {before} -> {after}"
-            + (f" (left where a region meets {left})" if left else "") + failed)
     native = (frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
               | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
               | frozenset({depthwise.OP} if dw.replaced else set()))
-    return Layout(optimized, native, note), ""
+    return _Blocked(optimized, native, done, before, failed), ""
+
+
+PADDING_ENV = "ORTFUSE_CHANNEL_PADDING"
+PADDING_MARGIN = 0.95  # the padded form must take below this share of the unpadded form's time
+
+
+def padding_mode() -> str:
+    """``ORTFUSE_CHANNEL_PADDING``: off (never pad) | on (pad wherever a conv's channels allow, no
+    timing) | measure (the default: keep the padded form only where it measures faster)."""
+    mode = os.environ.get(PADDING_ENV, "measure").strip().lower()
+    return "off" if mode in ("0", "off", "false", "no") else "on" if mode in ("1", "on", "true", "yes") else "measure"
+
+
+def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, native_ops: frozenset,
+                  threads: int) -> bool:
+    """Whether the padded form runs below ``PADDING_MARGIN`` times the unpadded one in every repeat,
+    both whole graphs timed interleaved at the session's thread count (``op_timing.native_faster``,
+    the choice kept per machine). Inputs at the model's declared dims; a dim without a value: 1 for
+    the first (the batch), ``ir.feeds.DEFAULT_DIM`` for the others. A model with a non-float input
+    is not timed and keeps the unpadded form, as does one whose timing fails. ``native_ops``: the
+    fused model's own native ops, in both forms."""
+    from ortfuse.ir.feeds import DEFAULT_DIM
+
+    if padding_mode() == "on":
+        return True
+    inits = {t.name for t in original.graph.initializer}
+    shapes: dict[str, tuple] = {}
+    for vi in original.graph.input:
+        if vi.name in inits:
+            continue
+        tensor = vi.type.tensor_type
+        if tensor.elem_type != onnx.TensorProto.FLOAT:
+            return False
+        shapes[vi.name] = tuple(d.dim_value if d.dim_value > 0 else 1 if k == 0 else DEFAULT_DIM
+                                for k, d in enumerate(tensor.shape.dim))
+    cold = op_timing.weights_exceed_cache(plain.graph.graph)
+    try:
+        return op_timing.native_faster(plain.graph.SerializeToString(), padded.graph.SerializeToString(),
+                                       native_ops | padded.native, shapes, threads, PADDING_MARGIN,
+                                       stock_ops=native_ops | plain.native, cold=cold)
+    except Exception:  # never worse than the unpadded plan
+        return False
 
 
 def _deciding_output(index: GraphIndex) -> str:
