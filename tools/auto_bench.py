@@ -101,18 +101,27 @@ def _gap_s(spec: str, stock_p50_ms: float) -> float:
 # --------------------------------------------------------------------------------------------- child
 
 
+def model_and_feeds(name: str) -> tuple[str, list[dict]]:
+    """The model's path and 8 seeded feeds: a public model (``ortfuse.models.public``: fetched into the
+    cache, at its natural shape) or a zoo model."""
+    import ortfuse.models as zoo
+    from ortfuse.models import public
+
+    if name in public.NAMES:
+        return str(public.fetch(name)), [public.sample_inputs(name, seed=i) for i in range(8)]
+    return zoo.resolve(name), [zoo.sample_inputs(name, seed=i) for i in range(8)]
+
+
 def child(name: str, args) -> dict:
     import onnxruntime as ort
 
     import ortfuse
-    import ortfuse.models as zoo
     from ortfuse.bench.environment import environment
     from ortfuse.foundation import protocol
     from ortfuse.foundation.session_options import measuring_options
 
     env_before = environment()
-    path = zoo.resolve(name)
-    feeds = [zoo.sample_inputs(name, seed=i) for i in range(8)]
+    path, feeds = model_and_feeds(name)
     cpu = ["CPUExecutionProvider"]
 
     def options():
@@ -222,6 +231,7 @@ def child(name: str, args) -> dict:
         "tuning_ended_after_s": round(tuned_at_s, 2) if tuned else None, "served_total": count[0],
         "statuses": statuses, "fused": len(report.fused), "matches": len(report.matches), "notes": report.notes,
         "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
+        "time_to_plan": getattr(live, "time_to_plan", None),
         "tuning_timeline": [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])],
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None,
@@ -260,6 +270,7 @@ def _line(r: dict) -> str:
     tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", "stock_tuning", "stock_aa_tuning"))
     return (f"{r['model']}: created {r['created_s']:.2f} s; gap {r['gap_ms']:.1f} ms; wait_tuned({r['waited_s']:.0f} s "
             f"after {r['served_before_wait']} served) -> {r['wait_tuned']}; final: {r['statuses'][-1]}\n"
+            f"  time to plan: {_plan_time(r.get('time_to_plan'))}\n"
             f"  p50 / stock: auto {q['auto']:.3f}, fusion=True {q['fusion_true']:.3f} (second session "
             f"{q.get('fusion_true_aa', 0):.3f}), A/A {q['stock_aa']:.3f} "
             f"(repeats {r['ratios_per_repeat']['stock_aa']})\n"
@@ -268,6 +279,13 @@ def _line(r: dict) -> str:
             f"{aa.get('p99_ms') or 0:.2f} ms; "
             f"auto / stock p99 {r['p99_tuning_over_stock']} (A/A {r['p99_aa']})\n"
             f"  verdicts: {v}")
+
+
+def _plan_time(t: dict | None) -> str:
+    if not t:
+        return "not reached"
+    return (f"{t['plan']} plan after {t['served_runs']} served runs, {t['seconds']} s after the first "
+            f"(tuning {t['tuning_s']} s)")
 
 
 def pooled(name: str, passes: list[dict]) -> dict:
@@ -310,7 +328,8 @@ def _pooled_line(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="db_text_detector", help="comma-separated zoo names, or 'all'")
+    ap.add_argument("--models", default="db_text_detector",
+                    help="comma-separated zoo or public model names, 'all' (the zoo), 'public'")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session (0: ORT's default)")
     ap.add_argument("--gap", default="2x", help="idle gap after each served request: '50ms', or '2x' stock's p50")
     ap.add_argument("--served", type=int, default=30, help="served requests before wait_tuned is called")
@@ -326,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args)))
         return 0
-    from ortfuse.models import NAMES
+    from ortfuse.models import NAMES, public
 
-    names = list(NAMES) if args.models == "all" else [m for m in args.models.split(",") if m]
+    groups = {"all": list(NAMES), "public": list(public.NAMES)}
+    names = [n for m in args.models.split(",") if m for n in groups.get(m, [m])]
     results, pools = [], []
     for name in names:
         passes = []

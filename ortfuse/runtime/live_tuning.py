@@ -125,6 +125,9 @@ class LiveTuning:
         self._checked_in_child = False  # the tuning process checked the plan's outputs on every recorded feed
         self._plan_file = ""  # a plan file the tuning process handed over (tune_process.Outcome.plan_file)
         self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
+        # once the tuning ended: its plan ("fused" / "stock"), the served runs before it took effect, the
+        # seconds from the first served run to then and the tuning's own seconds (``_plan_reached``)
+        self.time_to_plan: dict | None = None
         self._thread: threading.Thread | None = None
         self.running = False  # a tuning was started and has not ended (read and set under served.lock)
         self._done = threading.Event()
@@ -217,10 +220,28 @@ class LiveTuning:
         self._release()
 
     def _ended(self, status: str) -> None:
+        self._plan_reached(status)
         self._status = status or self._status
         with self.served.lock:
             self.running = False
         self._done.set()
+
+    def _plan_reached(self, status: str) -> None:
+        """Record ``time_to_plan`` (and a report note) when the tuning ends: the served runs before the
+        final plan took effect and the seconds from the first served run to then."""
+        now, served = time.perf_counter(), self.served
+        fused = status.startswith("fused")
+        runs = (served.swapped_at - 1) if fused and served.swapped_at else served.runs
+        first = served.first_at
+        self.time_to_plan = {"plan": "fused" if fused else "stock", "served_runs": runs,
+                             "seconds": round(now - first, 3) if first is not None else None,
+                             "tuning_s": round(now - self._t0, 3)}
+        session = self._session()
+        if session is not None and first is not None:
+            session.fusion_report.notes.append(
+                f"auto: final plan ({self.time_to_plan['plan']}) in effect after {runs} served runs, "
+                f"{now - first:.1f} s after the first one (tuning {now - self._t0:.1f} s)")
+        del session
 
     def _release(self) -> None:
         """Replaced C sessions released once idle; served runs no longer counted when nothing needs it."""
@@ -419,6 +440,9 @@ class LiveTuning:
                 self.served.counts = None
             shutil.rmtree(folder, ignore_errors=True)
         self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
+        began = next((t for event, t in reversed(self.timeline) if event == "child started"), None)
+        if began is not None:  # the child's own steps, on this clock (from just after its interpreter started)
+            self.timeline[-1:-1] = [(f"child {event}", began + s) for event, s in outcome.steps or ()]
         if self._stop:
             raise _Stopped("the session was closed")
         self._starved_check()

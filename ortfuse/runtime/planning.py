@@ -368,7 +368,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
         return None, report, None, used
     needs_custom_ops = any(n.domain == DOMAIN for n in fused.graph.node)
     native, reference = frozenset(native_op_types(fused)), reference_op_inputs(fused)
-    if reference is None and kernels is None:  # the layout step needs the native ops (docs/ARCHITECTURE.md §9)
+    # the layout step needs the native ops (docs/ARCHITECTURE.md §9); auto may have measured the plan faster without
+    if reference is None and kernels is None and (used is None or used.layout):
         from ortfuse.layout.planner import plan_layout
 
         layout, why_not = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers, data)

@@ -62,6 +62,7 @@ class ServedRuns:
         self.child = None  # the process compiling kernels or tuning, stopped while a run is in flight
         self.counts: yielding.SharedCounts | None = None  # served runs, as that tuning process reads them
         self.swapped_at: int | None = None  # the served run the last swap took effect from
+        self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
 
     # ------------------------------------------------------------------ counting
@@ -87,6 +88,8 @@ class ServedRuns:
         with self.lock:
             self.inflight += 1
             self.runs += 1
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
             record = self._tuning.recording
             self.yielder.served_locked()
             if self.counts is not None:

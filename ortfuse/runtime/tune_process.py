@@ -73,6 +73,7 @@ class Outcome:
     check_error: str = ""  # why the plan's outputs are not stock ORT's ("" when they are)
     handed: dict | None = None  # the entry of a plan the child could not cache (planning.plan_entry)
     plan_file: str = ""  # that plan's fused model, in a file the caller owns
+    steps: list | None = None  # (event, seconds since the child's interpreter started) of its steps (tune.steps)
 
 
 def _options_spec(sess_options) -> dict:
@@ -138,7 +139,9 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
 def _child(folder: str) -> Outcome:
     from ortfuse.foundation import yielding
     from ortfuse.runtime import planning
-    from ortfuse.tune import tuner
+    from ortfuse.tune import steps, tuner
+
+    steps.mark("imported")
 
     request = json.loads(Path(folder, "request.json").read_text())
     source = Path(request["source"]).read_bytes() if request["bytes"] else request["source"]
@@ -150,6 +153,7 @@ def _child(folder: str) -> Outcome:
     model, why_not = planning.load_model(source, options)
     if model is None:
         return Outcome(error=f"tuning failed: {why_not}")
+    steps.mark("model loaded")
     patterns = planning.requested_patterns(model, request["fusion_patterns"])
     tuning = None
     if request["lookup_first"]:  # what the parsed lookup at creation would have found (ortfuse.tune.lookup)
@@ -159,11 +163,13 @@ def _child(folder: str) -> Outcome:
     if tuning.failure:
         return Outcome(error=f"tuning failed: {tuning.failure}")
     del model
+    steps.mark("decisions")
     # the plan these decisions give, made here and stored in the plan cache for the serving process
     prepared = planning.prepare(source, options, request["fusion"], request["fusion_patterns"], mode="off",
                                 tuning=tuning)
     stock = prepared.report.to_dict() if prepared.plan is None else None
     key = planning.plan_key(source, options, request["fusion"], request["fusion_patterns"])
+    steps.mark("plan made")
     outcome = Outcome(tuning.to_dict(), tuning.path, tuning.from_cache, yielder.discarded, stock_report=stock,
                       plan_key=key)
     if prepared.plan is not None and isinstance(prepared.plan.source, bytes):  # not stored in the plan cache
@@ -173,6 +179,8 @@ def _child(folder: str) -> Outcome:
     if prepared.plan is not None and feeds:
         outcome.check_error = _check(source, options, prepared, feeds)
         outcome.checked_feeds = 0 if outcome.check_error else len(feeds)
+        steps.mark("outputs checked")
+    outcome.steps = steps.recorded()
     return outcome
 
 
@@ -199,6 +207,9 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from ortfuse.tune import steps
+
+    steps.start()
     child_process.background_priority()
     outcome = _child(argv[0])
     Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))

@@ -77,6 +77,9 @@ class Tuning:
     budget_spent: bool = False
     ranked: str = ""  # what measuring the kernel ranking first found (tune.rank_kernels), for the report
     whole_plan: dict | None = None  # every match fused, timed first when it did not win (measure.whole_plan)
+    # False: the plan is the fused model without the layout step (a candidate plan that won, tune.plan_choice)
+    layout: bool = True
+    choice: dict | None = None  # the candidate whole-model plans timed against each other (tune.plan_choice)
     # how the sample shapes were chosen when the budget of sample inputs mattered (ir.feeds.sample_shapes;
     # set by the tuner on every call, not cached: the key's shapes are those it chose)
     sample_note: str = ""
@@ -151,6 +154,10 @@ class Tuning:
                                 else f"auto: every match fused ran {w['ratio']:.3f}x stock ORT as a whole (repeats "
                                 f"{min(w['ratios']):.3f}-{max(w['ratios']):.3f}; {_evidence(w)}); the matches were "
                                 "measured by class and alone")
+        if self.choice:
+            report.notes.append(f"auto: candidate plans timed against each other: {self.choice['summary']}")
+        if not self.layout:
+            report.notes.append("auto: the plan runs without the layout step (it measured faster so)")
         if self.ranked:
             report.notes.append(f"auto: kernels ranked in the whole model first: {self.ranked}")
         if self.sample_note:
@@ -164,7 +171,7 @@ class Tuning:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "key": self.key, "seconds": self.seconds, "model_check": self.model_check,
                 "failure": self.failure, "budget_spent": self.budget_spent, "ranked": self.ranked,
-                "whole_plan": self.whole_plan,
+                "whole_plan": self.whole_plan, "layout": self.layout, "choice": self.choice,
                 "decisions": [dataclasses.asdict(d) for d in self.decisions]}
 
     @classmethod
@@ -172,7 +179,8 @@ class Tuning:
         return cls(data["key"], [Decision(**d) for d in data["decisions"]], data.get("model_check"),
                    data.get("seconds", 0.0), path, from_cache=True, failure=data.get("failure"),
                    budget_spent=bool(data.get("budget_spent", False)), ranked=data.get("ranked", ""),
-                   whole_plan=data.get("whole_plan"))
+                   whole_plan=data.get("whole_plan"), layout=bool(data.get("layout", True)),
+                   choice=data.get("choice"))
 
 
 def budget_reason(budget_s: float) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import statistics
 import time
@@ -50,7 +51,7 @@ from ortfuse.ir.graph import GraphIndex
 from ortfuse.kernels import registry
 from ortfuse.kernels.op_registration import warn_native_fallback, with_custom_ops
 from ortfuse.kernels.reference_runs import run_guarded
-from ortfuse.tune import judge
+from ortfuse.tune import judge, plan_choice, steps
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
 from ortfuse.tune.output_check import BF16_MATCH_ATOL, BF16_MATCH_RTOL, CHECK_ATOL, CHECK_RTOL, differing_output
 
@@ -59,7 +60,12 @@ SUBGRAPH_BUDGET_S = 0.25  # timed wall time per distinct subgraph (both sides to
 MODEL_BUDGET_S = 3.0  # timed wall time of the whole-model check
 REPEATS = 3
 CLEAR_LOSS = 2.0  # a fused subgraph this many times slower than ORT at first look is not timed further
-MIN_RUNS, MAX_RUNS = 3, 60
+# passes per repeat: at least MIN_RUNS x REPEATS passes in a look (11 wins of 12 pass the sign test at judge.ALPHA)
+MIN_RUNS, MAX_RUNS = 4, 60
+# the first look at a plan is this share of its budget: a clear win is judged on it and the plan reaches served
+# runs sooner; a plan it does not settle gets full-budget looks (python tools/auto_bench.py --models public
+# reports the time to plan)
+FIRST_LOOK_SHARE = 0.25
 CPU = ["CPUExecutionProvider"]
 
 
@@ -67,7 +73,8 @@ Verdict = tuple[bool, str, float, float]  # keep, reason, whole-model ms with th
 
 
 def measure(model, ids, level, threads, sample, key, progress, precision=registry.FP32,
-            budget_s: float = BUDGET_S, verdicts: dict[tuple[str, ...], Verdict] | None = None) -> Tuning:
+            budget_s: float = BUDGET_S, verdicts: dict[tuple[str, ...], Verdict] | None = None,
+            check: bool = True) -> Tuning:
     """The decisions on every legal match of ``ids`` in ``model``, measured now on ``sample`` feeds.
 
     ``verdicts`` (node names -> verdict): matches the kernel ranking already judged in the whole
@@ -78,7 +85,8 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
     measured) fails, the Tuning holds no kept decision and ``failure`` says what failed and what to do;
     a match whose subgraph fails is not kept, with the reason; once ``budget_s`` seconds are spent,
     the matches not yet measured are not kept (the whole-model check still runs, within
-    ``MODEL_BUDGET_S``, when something was kept); a failing whole-model check keeps nothing."""
+    ``MODEL_BUDGET_S``, when something was kept; ``check`` False: not here, the caller times the plan
+    among others, ``compare_plans``); a failing whole-model check keeps nothing."""
     start = time.perf_counter()
     tuning = Tuning(key)
     try:
@@ -115,7 +123,7 @@ def measure(model, ids, level, threads, sample, key, progress, precision=registr
             tuning.budget_spent |= found.reason == budget_reason(budget_s)
             tuning.decisions.append(dataclasses.replace(found, pattern_id=rec.pattern_id, nodes=list(rec.nodes)))
             bar.update(1)
-    if any(d.keep for d in tuning.decisions):
+    if check and any(d.keep for d in tuning.decisions):
         try:
             tuning.model_check = _check_model(model, ids, tuning, level, threads, sample, precision)
         except Exception as exc:  # noqa: BLE001 - no check, no fusion: nothing is kept
@@ -143,33 +151,43 @@ def whole_plan(model, ids, level, threads, sample, key, precision: str = registr
         fused, report = fuse(model, ids, precision=precision)
         if not report.fused:
             return None, None
-        run = _plan_runner(model, fused, report, _options(level, threads, precision))
+        steps.mark("whole plan: fused")
+        run, laid_out = _plan_runner(model, fused, report, _options(level, threads, precision))
         if run is None:
             return None, None
+        steps.mark("whole plan: layout planned, session opened")
         serialized = model.SerializeToString()
         stock, control = (ort.InferenceSession(serialized, _options(level, threads), providers=CPU) for _ in "ab")
         expected, got = yielding.run_session(stock, sample), run(sample)
         if not _outputs_agree(expected, got, precision):
             return None, {"failure": "the whole plan's outputs differ from stock ORT's on the sample"}
+        steps.mark("whole plan: stock sessions opened, outputs checked")
         runs = (lambda: run(sample), lambda: yielding.run_session(stock, sample),
                 lambda: yielding.run_session(control, sample))
         verdict, looks = _timed_verdict(runs, budget_s)
     except Exception as exc:  # noqa: BLE001 - the matches are then measured one by one
         return None, {"failure": f"the whole plan could not be measured ({_brief(exc)})"}
-    check = {**verdict.as_check(), "looks": looks, "fused_ops": len(report.fused), "whole_plan": True}
+    check = {**verdict.as_check(), "looks": looks, "fused_ops": len(report.fused), "whole_plan": True,
+             "layout_step": laid_out}
     if not verdict.passed:
         return None, check
-    ix = GraphIndex(model, infer_shapes=False)
-    by_name = {ix.name_of(n): n for n in ix.graph.node}
     ratio, ratios = verdict.ratio, verdict.ratios
     why = (f"auto: kept with every match fused: the whole plan ran {ratio:.3f}x stock ORT "
            f"(repeats {min(ratios):.3f}-{max(ratios):.3f}; {verdict.describe()}; {looks} look(s); "
            f"limit {MODEL_LIMIT:.2f})")
+    return every_match_kept(model, report, key, check, why), check
+
+
+def every_match_kept(model, report, key, check: dict, why: str) -> Tuning:
+    """Decisions keeping every match of ``report`` (``fuse``'s report on ``model``, nothing left
+    out), each with the kernel it gets and the digest of its constants, ``why`` as their reason."""
+    ix = GraphIndex(model, infer_shapes=False)
+    by_name = {ix.name_of(n): n for n in ix.graph.node}
     tuning = Tuning(key, model_check=check)
     tuning.decisions = [Decision(rec.pattern_id, list(rec.nodes), True, why, kernel=rec.kernel,
                                  constants=constants_digest(ix, [by_name[n] for n in rec.nodes]))
                         for rec in report.fused]
-    return tuning, check
+    return tuning
 
 
 def _time_with_control(fused_run, ort_run, control_run, budget_s: float) -> dict[str, list[list[float]]]:
@@ -188,31 +206,100 @@ def _time_with_control(fused_run, ort_run, control_run, budget_s: float) -> dict
 
 def _timed_verdict(runs: tuple[Callable, Callable, Callable], budget_s: float) -> tuple[judge.Verdict, int]:
     """(verdict, looks): ``runs`` (fused, stock ORT, control) timed with ``_time_with_control`` and judged
-    by ``judge.judge`` at ``MODEL_LIMIT``; an inconclusive verdict is timed again and judged on all
-    looks pooled, at most ``judge.MAX_LOOKS`` looks."""
-    raw = _time_with_control(*runs, budget_s)
+    by ``judge.judge`` at ``MODEL_LIMIT``, first on ``FIRST_LOOK_SHARE`` of ``budget_s``; an
+    inconclusive verdict is timed again on the whole budget and judged on all looks pooled, at most
+    ``judge.MAX_LOOKS`` looks."""
+    raw = _time_with_control(*runs, FIRST_LOOK_SHARE * budget_s)
     verdict, looks = judge.judge(raw, MODEL_LIMIT), 1
+    steps.mark("timed look 1")
     while verdict.inconclusive and looks < judge.MAX_LOOKS:
         raw = judge.pooled(raw, _time_with_control(*runs, budget_s))
         verdict, looks = judge.judge(raw, MODEL_LIMIT), looks + 1
+        steps.mark(f"timed look {looks}")
     return verdict, looks
 
 
-def _plan_runner(model, fused, report, sess_options) -> Callable | None:
-    """A function running ``fused`` (``fuse``'s output for ``model``) as a session with that plan
-    runs it: the layout step's rewrite at ORT_ENABLE_ALL, ortfuse's ops registered, the ORT
-    optimizers the plan disables; None when it needs reference kernels or the native ops cannot be
-    registered (the matches are then measured one by one)."""
+def _plan_runner(model, fused, report, sess_options, layout_step: bool = True) -> tuple[Callable | None, bool]:
+    """(a function running ``fused`` (``fuse``'s output for ``model``) as a session with that plan
+    runs it, whether the layout step changed it): the layout step's rewrite at ORT_ENABLE_ALL (unless
+    ``layout_step`` is False), ortfuse's ops registered, the ORT optimizers the plan disables; the
+    function is None when it needs reference kernels or the native ops cannot be registered (the
+    matches are then measured one by one)."""
     if reference_op_inputs(fused) is not None:
-        return None
+        return None, False
     from ortfuse.layout.planner import plan_layout
 
     native = frozenset(native_op_types(fused))
-    layout, _ = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers)
+    layout = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers)[0] if layout_step else None
     if layout is not None:
         fused, native = layout.model, native | layout.native_ops
     run, why_not = _fused_runner(fused, sess_options, report.disabled_ort_optimizers, native)
-    return None if why_not else run
+    return (None if why_not else run), layout is not None
+
+
+@dataclass
+class Candidate:
+    """One whole-model plan ``compare_plans`` times: the matches it keeps (``keep``: a ``fuse(keep=)``
+    rule, None: every legal match) and whether the layout step runs on it."""
+
+    keep: Callable | None = None
+    layout_step: bool = True
+
+
+def compare_plans(model, ids, level, threads, sample, candidates: dict[str, Candidate],
+                  precision: str = registry.FP32, budget_s: float = MODEL_BUDGET_S) -> tuple[plan_choice.Choice | None,
+                                                                                             dict[str, str], int]:
+    """The candidate plans, each run as a session runs it (``_plan_runner``) and checked against
+    stock ORT on ``sample``, timed against each other beside two stock ORT sessions in the same
+    interleaved rounds (``_time_plans``) and chosen by ``plan_choice.choose`` at ``MODEL_LIMIT``; an
+    inconclusive choice is timed again and chosen on the looks pooled, at most ``judge.MAX_LOOKS``.
+    Returns (the choice, or None when no candidate could run; why each candidate left out was,
+    looks). A candidate that fuses nothing, fails or computes otherwise than stock ORT is left out."""
+    import onnxruntime as ort
+
+    serialized = model.SerializeToString()
+    stock, control = (ort.InferenceSession(serialized, _options(level, threads), providers=CPU) for _ in "ab")
+    expected = yielding.run_session(stock, sample)
+    runs: dict[str, Callable] = {}
+    left_out: dict[str, str] = {}
+    for name, c in candidates.items():
+        try:
+            fused, report = fuse(model, ids, keep=c.keep, precision=precision)
+            run = _plan_runner(model, fused, report, _options(level, threads, precision), c.layout_step)[0] \
+                if report.fused else None
+            if run is None:
+                left_out[name] = "fuses nothing" if not report.fused else "needs reference kernels or its ops failed"
+            elif not _outputs_agree(expected, run(sample), precision):
+                left_out[name] = "its outputs differ from stock ORT's on the sample"
+            else:
+                runs[name] = functools.partial(run, sample)
+        except Exception as exc:  # noqa: BLE001 - the other candidates are still compared
+            left_out[name] = f"failed ({_brief(exc)})"
+    if not runs:
+        return None, left_out, 0
+    steps.mark("candidate plans opened")
+    runs["ort"] = lambda: yielding.run_session(stock, sample)
+    runs["control"] = lambda: yielding.run_session(control, sample)
+    names = [n for n in candidates if n in runs]
+    raw = _time_plans(runs, FIRST_LOOK_SHARE * budget_s)
+    choice, looks = plan_choice.choose(raw, names, MODEL_LIMIT), 1
+    steps.mark("candidate plans: look 1")
+    while choice.inconclusive and looks < judge.MAX_LOOKS:
+        raw = judge.pooled(raw, _time_plans(runs, budget_s))
+        choice, looks = plan_choice.choose(raw, names, MODEL_LIMIT), looks + 1
+        steps.mark(f"candidate plans: look {looks}")
+    return choice, left_out, looks
+
+
+def _time_plans(runs: dict[str, Callable], budget_s: float) -> dict[str, list[list[float]]]:
+    """The protocol's timing (ms per configuration, repeat and pass) of ``runs`` (the candidates,
+    ``ort`` and ``control``) interleaved in the same rounds, ``REPEATS`` repeats sized to ``budget_s``."""
+    t0 = time.perf_counter()
+    for run in runs.values():
+        run()
+    once = max(time.perf_counter() - t0, 1e-6)
+    count = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / REPEATS / once)))
+    return yielding.measure(runs, runs=count, repeats=REPEATS, warmup=1)
 
 
 def _outputs_agree(expected, got, precision: str) -> bool:

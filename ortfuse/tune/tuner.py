@@ -37,7 +37,7 @@ from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
 from ortfuse.kernels import ranking, registry
-from ortfuse.tune import lookup
+from ortfuse.tune import lookup, steps
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
 
@@ -113,18 +113,27 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
         feed = dict(sample) if sample is not None else feeds.random_feeds(declared, seed=0, model=model, shapes=shapes)
         won, whole = measuring.whole_plan(model, ids, level, threads, feed, key, precision,
                                           budget_s=max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
+        steps.mark("whole plan judged")
         if won is not None:  # every match fused wins: kept as a whole, nothing to measure one by one
             tuning = won
         else:
             verdicts: dict = {}
             if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
                 ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
+                steps.mark("kernels ranked")
                 key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
                 path = _cache_path(key)
             left = max(budget - (time.perf_counter() - start), 0.25 * budget)
-            tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision, budget_s=left,
-                                       verdicts=verdicts)
+            # every match fused runs and its median pass beat stock ORT without the evidence: a candidate plan
+            compared = whole is not None and "failure" not in whole
+            tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision,
+                                       budget_s=max(left - measuring.MODEL_BUDGET_S, 0.2 * left) if compared else left,
+                                       verdicts=verdicts, check=not compared)
             tuning.whole_plan = whole
+            steps.mark("matches measured")
+            if compared:
+                tuning = _best_plan(model, ids, level, threads, feed, key, precision, tuning, whole or {},
+                                    max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
     except Exception as exc:  # the model runs as stock ORT, and the report says why
         return _noted(_failed(Tuning(key), one_sentence(exc)), note)
     tuning.ranked = ranked
@@ -136,6 +145,62 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     _write(path, tuning)
     if tuning.path:
         _write_any_shapes(key, tuning)
+    return tuning
+
+
+ALL_FUSED, ALL_FUSED_NO_LAYOUT, BY_MATCH = "every match fused", "every match fused without the layout step", \
+    "the matches kept one by one"
+
+
+def _best_plan(model, ids, level, threads, feed, key, precision: str, by_match: Tuning, whole: dict,
+               budget_s: float) -> Tuning:
+    """The best of the candidate whole-model plans (``measure.compare_plans``, chosen by
+    ``plan_choice.choose``): every match fused (what ``fusion=True`` runs), the same without the layout
+    step when that step changed it, and the matches ``by_match`` keeps (measured one by one, when
+    they are not all of them); the decisions that make the plan chosen, or ``by_match`` keeping
+    nothing when no candidate beat stock ORT. ``by_match`` has no whole-model check yet."""
+    from ortfuse.fusion.rewrite import fuse
+
+    _, every = fuse(model, ids, precision=precision)
+    kept = [d for d in by_match.decisions if d.keep]
+    candidates = {}
+    if whole.get("paired_ratio", 1.0) <= MODEL_LIMIT:  # a clear loss alone is not timed again (no second chance)
+        candidates[ALL_FUSED] = measuring.Candidate()
+    if whole.get("layout_step"):
+        candidates[ALL_FUSED_NO_LAYOUT] = measuring.Candidate(layout_step=False)
+    if kept and len(kept) < len(every.fused):
+        candidates[BY_MATCH] = measuring.Candidate(keep=by_match.keep_rule(model))
+    choice, left_out, looks = measuring.compare_plans(model, ids, level, threads, feed, candidates, precision,
+                                                      budget_s) if candidates else (None, {}, 0)
+    steps.mark("candidate plans compared")
+    if choice is None:  # none ran: the matches kept one by one, checked alone as before
+        if kept:
+            by_match.model_check = measuring._check_model(model, ids, by_match, level, threads, feed, precision)
+        return by_match
+    record = {**choice.as_dict(), "looks": looks, "left_out": left_out}
+    if left_out:
+        record["summary"] += "; left out: " + "; ".join(f"{k}: {v}" for k, v in left_out.items())
+    best = choice.best
+    if best in (ALL_FUSED, ALL_FUSED_NO_LAYOUT):
+        verdict = choice.verdicts[best]
+        why = (f"auto: kept with {best}: that plan ran {verdict.paired_ratio:.3f}x stock ORT pass by pass, the "
+               f"best of the candidate plans timed together ({verdict.describe()}; {looks} look(s))")
+        tuning = measuring.every_match_kept(model, every, key, {**verdict.as_check(), "looks": looks,
+                                                                "fused_ops": len(every.fused)}, why)
+        tuning.layout = best == ALL_FUSED
+        tuning.whole_plan, tuning.ranked = whole, by_match.ranked
+    else:
+        tuning = by_match
+        if BY_MATCH in choice.verdicts:  # its verdict against stock ORT is its whole-model check
+            verdict = choice.verdicts[BY_MATCH]
+            tuning.model_check = {**verdict.as_check(), "looks": looks, "fused_ops": len(kept),
+                                  "passed": best == BY_MATCH}
+        elif kept:  # all kept one by one: the same plan as every match fused, which did not win
+            tuning.model_check = {**choice.verdicts[ALL_FUSED].as_check(), "looks": looks,
+                                  "fused_ops": len(kept), "passed": False} if ALL_FUSED in choice.verdicts else \
+                measuring._check_model(model, ids, by_match, level, threads, feed, precision)
+    tuning.choice = record
+    tuning.budget_spent, tuning.failure = by_match.budget_spent, by_match.failure
     return tuning
 
 
