@@ -146,6 +146,24 @@ def test_tensor_from_an_op_that_cannot_pad_is_left():
         assert _close(a, b) <= TOL
 
 
+def test_division_by_a_tensor_of_the_graph_is_not_padded():
+    """x / s with s made in the graph: s's padded channels hold act(0) (Tanh's 0 here), x / 0 is NaN
+    there, and the next conv's zero filters would carry it into every output (0 * NaN): the Div
+    reads slices instead."""
+    model = _mobile_block(10, 3, 12, flatten_reader=False)
+    g = model.graph
+    hsig = next(n for n in g.node if n.op_type == "HardSigmoid")
+    hsig.op_type, hsig.name = "Tanh", "tanh_scale"  # 0 where its input is 0, nonzero elsewhere
+    mul = next(n for n in g.node if n.op_type == "Mul")
+    mul.op_type = "Div"
+    padded, result = channel_padding.pad_channels(model, 16)
+    div = next(n for n in padded.graph.node if n.op_type == "Div")
+    assert div.output[0] not in result.padded and result.slices >= 1
+    (got,), (ref,) = _run(padded, _x()), _run(model, _x())
+    assert np.isfinite(ref).all() and np.isfinite(got).all()
+    assert _close(got, ref) <= TOL
+
+
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_session_pads_only_when_asked_or_measured(monkeypatch, tmp_path, mode):
     if not block_size():

@@ -10,8 +10,8 @@ channels (rank 4, channels on axis 1) that are made only by ops that keep channe
     producers   Conv / com.microsoft FusedConv, group 1 or depthwise (output channels padded with
                 zero filters and zero bias), BatchNormalization (scale and bias 0, mean 0, var 1),
                 Relu, Clip, HardSigmoid, HardSwish, Sigmoid, Tanh, LeakyRelu, pools, and Add, Sub,
-                Mul, Div whose other operand is in the component or a scalar / per-channel constant
-                (padded with 0, or 1 for a divisor)
+                Mul whose other operand is in the component or a scalar / per-channel constant
+                (padded with 0), Div by a scalar or per-channel constant (padded with 1)
     readers     any of the above (they join the component); a group-1 Conv (its filter gets zero
                 input channels: the padded channels add exact zeros); anything else reads a
                 ``Slice`` of the first C channels.
@@ -20,8 +20,10 @@ channels (rank 4, channels on axis 1) that are made only by ops that keep channe
     #   ->   Conv(X, W'[Cp, Ci, k, k], B'[Cp]) -> ... -> Conv(., V'[Co, Cp, k, k])
 
 with Cp = C rounded up to the block, W', B' zero in the channels C..Cp, V' zero in its input
-channels C..Cp. The padded channels hold act(0) of each step (finite: no op of the component makes
-a non-finite value from a finite one but Div, whose padded divisor is 1), and every reader outside
+channels C..Cp. The padded channels hold act(0) of each step, finite: no op of the component makes
+a non-finite value from finite ones (a divisor made in the graph could be 0 there: Div is taken only
+by a constant, padded with 1), so the zero filters that read them add exact zeros (0 * inf would be
+NaN); and every reader outside
 the component sees exactly C channels. Sums over channels (the Convs that read the component) add
 the same products plus exact zeros; ORT may sum them in another order (a different block split).
 
@@ -136,6 +138,8 @@ class _Planner:
         if node.op_type == "BatchNormalization":
             return node.input[0] == member and len(node.output) == 1 and all(
                 self.weight(i) is not None for i in node.input[1:5])
+        if node.op_type == "Div":  # a divisor made in the graph could hold 0 in its padded channels
+            return node.input[0] == member and self.channel_const(node.input[1], c) is not None
         if node.op_type in BINARY:
             return all(i == member or self.channels(i) == c or self.channel_const(i, c) is not None
                        for i in node.input)
