@@ -30,23 +30,35 @@ class PeerUnavailable(RuntimeError):
     """The peer's package is not installed; the message says how to get it."""
 
 
+def openvino_config(threads: int = 0, perf_count: bool = False) -> dict[str, str]:
+    """The peer's CPU plugin configuration: f32 forced, latency mode, one stream, ``threads`` inference
+    threads (0: the plugin's default); ``perf_count`` turns on its per-layer counters (PERF_COUNT)."""
+    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = str(int(threads))
+    if perf_count:
+        config["PERF_COUNT"] = "YES"
+    return config
+
+
+def read_openvino_model(model: str | bytes):
+    """(``openvino.Core``, the model read by its ONNX frontend); ``PeerUnavailable`` without openvino."""
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise PeerUnavailable(f"the OpenVINO peer needs the openvino package: {INSTALL_HINT}") from exc
+    core = ov.Core()
+    if isinstance(model, bytes):
+        return core, core.read_model(model=model, weights=b"")  # an ONNX model is read from memory whole
+    return core, core.read_model(model)
+
+
 class OpenVinoSession:
     """A compiled OpenVINO CPU model with one infer request, run like an ORT session."""
 
     def __init__(self, model: str | bytes, threads: int = 0) -> None:
-        try:
-            import openvino as ov
-        except ImportError as exc:
-            raise PeerUnavailable(f"the OpenVINO peer needs the openvino package: {INSTALL_HINT}") from exc
-        core = ov.Core()
-        config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = str(int(threads))
-        if isinstance(model, bytes):
-            read = core.read_model(model=model, weights=b"")  # an ONNX model is read from memory whole
-        else:
-            read = core.read_model(model)
-        self._compiled = core.compile_model(read, "CPU", config)
+        core, read = read_openvino_model(model)
+        self._compiled = core.compile_model(read, "CPU", openvino_config(threads))
         self._request = self._compiled.create_infer_request()
         self._outputs = list(self._compiled.outputs)
         self.precision = str(self._compiled.get_property("INFERENCE_PRECISION_HINT"))
