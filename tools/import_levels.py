@@ -54,6 +54,7 @@ LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime.*",)),
     ("session", ("session", "backend", "")),  # "": the package ortfuse itself (its __init__)
     ("bench, profiling", ("bench.*", "profiling.*")),
+    ("serve", ("serve.*",)),
     ("cli", ("cli.*", "__main__")),
 )
 TOP = "ortfuse"

@@ -25,6 +25,7 @@ COMMANDS = {
                     "build this machine's native ops library (once) and print its path, for any ORT host"),
     "export": ("ortfuse.cli.export",
                "write a fused model, its ops library and a Triton model repository entry, for any ORT host"),
+    "serve": ("ortfuse.cli.serve", "serve a model over HTTP on Ray Serve replicas that share tuned plans"),
 }
 
 
