@@ -75,6 +75,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
+P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
+DURING = ("recording", "tuning")  # auto's states before its final plan
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -154,14 +156,14 @@ def child(name: str, args) -> dict:
         return ("recording" if status.startswith("serving stock ORT, recording") else
                 "tuning" if status.startswith("tuning") else "after")
 
-    def serve_block(block: str) -> None:
+    def serve_block(block: str, label: str = "") -> None:
         session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
-        held = live.served if live is not None and block != "auto" else None
+        held = live.served if live is not None and block != "auto" and not label else None
         if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
             held.begin()
         try:
             for _ in range(args.block):
-                label = state()
+                label = label or state()
                 arrival = next_arrival[0]  # the request arrived then: a late wake-up is part of its latency
                 time.sleep(max(0.0, arrival - time.perf_counter()))
                 session.run(None, feeds[count[0] % 8])
@@ -179,12 +181,17 @@ def child(name: str, args) -> dict:
         cycle = 0
         while not stop.is_set():
             serve_block("auto")
-            serve_block(("stock", "stock_aa")[cycle % 2])
+            if not args.alone:
+                serve_block(("stock", "stock_aa")[cycle % 2])
             cycle += 1
             if count[0] >= args.served:
                 reached.set()
                 if auto.wait_tuned(0) and count[0] >= args.served + args.after_served:
-                    return
+                    break
+        if args.alone:  # the reference: stock ORT served the same way, as many requests, right after
+            during = sum(len(lat.get(f"auto_{s}", [])) for s in DURING)
+            for cycle in range(max(2, -(-during // args.block))):
+                serve_block(("stock", "stock_aa")[cycle % 2], "reference")
 
     server = threading.Thread(target=serve, name="served-traffic", daemon=True)
     started = time.perf_counter()
@@ -211,11 +218,17 @@ def child(name: str, args) -> dict:
     noise = max(max(abs(x - 1) for x in ratios["stock_aa"]), 0.0)
     fused_noise = max(abs(a / f - 1) for a, f in zip(ratios["fusion_true_aa"], ratios["fusion_true"]))
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
-    stock_p99 = _pct(lat.get("stock_tuning", []) + lat.get("stock_aa_tuning", []), 0.99)
-    tuning_p99 = _pct(lat.get("auto_tuning", []), 0.99)
-    p99_ratio = tuning_p99 / stock_p99 if tuning_p99 and stock_p99 else None
-    aa_p99, first_p99 = _pct(lat.get("stock_aa_tuning", []), 0.99), _pct(lat.get("stock_tuning", []), 0.99)
-    aa_p99_ratio = aa_p99 / first_p99 if aa_p99 and first_p99 else None
+    # served while auto records and tunes, against stock served in the same minutes (blocks) or right after (alone)
+    states = ("reference",) if args.alone else DURING
+    during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
+    first = [x for s in states for x in lat.get(f"stock_{s}", [])]
+    second = [x for s in states for x in lat.get(f"stock_aa_{s}", [])]
+    during_ratios = {}
+    for q in (0.5, 0.99):
+        mine, ref, a, b = _pct(during, q), _pct(first + second, q), _pct(second, q), _pct(first, q)
+        during_ratios[f"p{round(q * 100)}"] = round(mine / ref, 3) if mine and ref else None
+        during_ratios[f"p{round(q * 100)}_aa"] = round(a / b, 3) if a and b else None
+    p99_ratio, aa_p99_ratio = during_ratios["p99"], during_ratios["p99_aa"]
     verdicts: dict[str, bool | None] = {
         "tuned": tuned,
         "auto_vs_stock": med["auto"] <= AUTO_LIMIT,
@@ -223,6 +236,7 @@ def child(name: str, args) -> dict:
         "fusion_true_faster": true_faster,
         "auto_vs_fusion_true": (med["auto"] <= med["fusion_true"] + max(noise, fused_noise)) if true_faster else None,
         "p99_tuning": (p99_ratio <= P99_LIMIT) if p99_ratio else None,
+        "p50_tuning": (during_ratios["p50"] <= P50_LIMIT) if during_ratios["p50"] else None,
     }
     report = auto.fusion_report
     return {
@@ -234,7 +248,8 @@ def child(name: str, args) -> dict:
         "time_to_plan": getattr(live, "time_to_plan", None),
         "tuning_timeline": [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])],
         "summary": {k: _summary(v) for k, v in lat.items()},
-        "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None,
+        "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
+        "alone": args.alone,
         "p99_aa": round(aa_p99_ratio, 3) if aa_p99_ratio else None, "block": args.block,
         "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
         "ratios": {k: round(v, 4) for k, v in med.items()}, "aa_noise": round(noise, 4),
@@ -266,18 +281,21 @@ def run_child(name: str, args) -> dict:
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']}: FAILED\n{r['error']}"
-    v, q, s = r["verdicts"], r["ratios"], r["summary"]
-    tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", "stock_tuning", "stock_aa_tuning"))
+    v, q, s, d = r["verdicts"], r["ratios"], r["summary"], r["during_tuning"]
+    ref = "reference" if r.get("alone") else "tuning"
+    tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", f"stock_{ref}", f"stock_aa_{ref}"))
+    n_during = sum(s.get(f"auto_{k}", {}).get("n", 0) for k in DURING)
     return (f"{r['model']}: created {r['created_s']:.2f} s; gap {r['gap_ms']:.1f} ms; wait_tuned({r['waited_s']:.0f} s "
             f"after {r['served_before_wait']} served) -> {r['wait_tuned']}; final: {r['statuses'][-1]}\n"
             f"  time to plan: {_plan_time(r.get('time_to_plan'))}\n"
             f"  p50 / stock: auto {q['auto']:.3f}, fusion=True {q['fusion_true']:.3f} (second session "
             f"{q.get('fusion_true_aa', 0):.3f}), A/A {q['stock_aa']:.3f} "
             f"(repeats {r['ratios_per_repeat']['stock_aa']})\n"
-            f"  served while tuning: auto n={tuning.get('n', 0)} p99 {tuning.get('p99_ms') or 0:.2f} ms; stock blocks "
+            f"  served while recording and tuning{' (alone; stock served right after)' if r.get('alone') else ''}: "
+            f"auto n={n_during} (tuning {tuning.get('n', 0)}, p99 {tuning.get('p99_ms') or 0:.2f} ms); stock "
             f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
             f"{aa.get('p99_ms') or 0:.2f} ms; "
-            f"auto / stock p99 {r['p99_tuning_over_stock']} (A/A {r['p99_aa']})\n"
+            f"auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
             f"  verdicts: {v}")
 
 
@@ -285,7 +303,7 @@ def _plan_time(t: dict | None) -> str:
     if not t:
         return "not reached"
     return (f"{t['plan']} plan after {t['served_runs']} served runs, {t['seconds']} s after the first "
-            f"(tuning {t['tuning_s']} s)")
+            f"(tuning {t['tuning_s']} s, of which the tuning process used {t.get('child_cpu_s')} CPU s)")
 
 
 def pooled(name: str, passes: list[dict]) -> dict:
@@ -303,6 +321,9 @@ def pooled(name: str, passes: list[dict]) -> dict:
     auto = med([r["ratios"]["auto"] for r in ok])
     verdicts: dict[str, bool | None] = {"tuned": all(r["verdicts"]["tuned"] is not False for r in ok)}
     verdicts["p99_tuning"] = p99 <= P99_LIMIT if p99 is not None else None
+    p50 = med([r["during_tuning"]["p50"] for r in ok])
+    verdicts["p50_tuning"] = p50 <= P50_LIMIT if p50 is not None else None
+    plan_s = med([(r.get("time_to_plan") or {}).get("seconds") for r in ok])
     verdicts["auto_vs_stock"] = auto <= AUTO_LIMIT if auto is not None else None
     faster = [r for r in ok if r["verdicts"]["fusion_true_faster"]]
     verdicts["auto_vs_fusion_true"] = (sum(bool(r["verdicts"]["auto_vs_fusion_true"]) for r in faster) * 2 > len(faster)
@@ -310,6 +331,10 @@ def pooled(name: str, passes: list[dict]) -> dict:
     return {"model": name, "passes": len(passes), "failed": len(passes) - len(ok),
             "p99_tuning_over_stock": {"median": p99, "per_pass": [r["p99_tuning_over_stock"] for r in ok],
                                       "aa_per_pass": [r["p99_aa"] for r in ok]},
+            "p50_tuning_over_stock": {"median": p50, "per_pass": [r["during_tuning"]["p50"] for r in ok],
+                                      "aa_per_pass": [r["during_tuning"]["p50_aa"] for r in ok]},
+            "time_to_plan_s": {"median": plan_s, "per_pass": [(r.get("time_to_plan") or {}).get("seconds")
+                                                              for r in ok]},
             "auto_over_stock_p50": {"median": auto, "per_pass": [r["ratios"]["auto"] for r in ok],
                                     "aa_per_pass": [r["ratios"]["stock_aa"] for r in ok],
                                     "fusion_true_per_pass": [r["ratios"]["fusion_true"] for r in ok]},
@@ -320,7 +345,10 @@ def _pooled_line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']}: {r['passes']} passes: {r['error']}"
     p, q = r["p99_tuning_over_stock"], r["auto_over_stock_p50"]
-    return (f"{r['model']} over {r['passes'] - r['failed']} passes: p99 while tuning / stock {p['median']} "
+    return (f"{r['model']} over {r['passes'] - r['failed']} passes: time to plan {r['time_to_plan_s']['median']} s "
+            f"(passes {r['time_to_plan_s']['per_pass']}); p50 while tuning / stock "
+            f"{r['p50_tuning_over_stock']['median']} (passes {r['p50_tuning_over_stock']['per_pass']}; A/A "
+            f"{r['p50_tuning_over_stock']['aa_per_pass']}); p99 while tuning / stock {p['median']} "
             f"(passes {p['per_pass']}; A/A {p['aa_per_pass']}); auto p50 / stock {q['median']} (passes "
             f"{q['per_pass']}; A/A {q['aa_per_pass']}; fusion=True {q['fusion_true_per_pass']}); "
             f"verdicts {r['verdicts']}")
@@ -337,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", type=float, default=300.0, help="wait_tuned's timeout (s)")
     ap.add_argument("--block", type=int, default=8, help="served requests per block (auto, stock, auto, stock A/A...)")
     ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
+    ap.add_argument("--alone", action="store_true",
+                    help="serve auto alone while it tunes (no stock blocks); stock served the same way right after")
     ap.add_argument("--runs", type=int, default=20, help="interleaved passes per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
@@ -370,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results,
                                       "pooled": pools}, separators=(",", ":")))
         print(f"wrote {target}")
-    targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning")
+    targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning", "p50_tuning")
     judged = pools if pools else results
     ok = all("error" not in r and all(r["verdicts"][k] is not False for k in targets) for r in judged)
     return 0 if ok else 1

@@ -124,6 +124,7 @@ class LiveTuning:
         self._notes: list[str] = []
         self._checked_in_child = False  # the tuning process checked the plan's outputs on every recorded feed
         self._plan_file = ""  # a plan file the tuning process handed over (tune_process.Outcome.plan_file)
+        self._child_cpu_s: float | None = None  # CPU seconds the tuning process used (None: tuned in a thread)
         self.timeline: list[tuple[str, float]] = []  # (event, time.perf_counter()) of the tuning's steps
         # once the tuning ended: its plan ("fused" / "stock"), the served runs before it took effect, the
         # seconds from the first served run to then and the tuning's own seconds (``_plan_reached``)
@@ -235,7 +236,7 @@ class LiveTuning:
         first = served.first_at
         self.time_to_plan = {"plan": "fused" if fused else "stock", "served_runs": runs,
                              "seconds": round(now - first, 3) if first is not None else None,
-                             "tuning_s": round(now - self._t0, 3)}
+                             "tuning_s": round(now - self._t0, 3), "child_cpu_s": self._child_cpu_s}
         session = self._session()
         if session is not None and first is not None:
             session.fusion_report.notes.append(
@@ -386,14 +387,18 @@ class LiveTuning:
     def _tune(self, gate):
         """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT): measured in a process
         of its own (``IN_CHILD``, ``runtime.tune_process``), else in this thread."""
-        from ortfuse.tune import kernel_compile
-
         sample = representative(self._samples)
         self._checked_in_child = False
         if IN_CHILD and child_process.stoppable():  # nothing of onnx or the rewriter imported here
             return self._tune_in_child(sample)
+        from ortfuse.tune import layout_memo
+
+        with layout_memo.remembering():  # the plan timed whole and then made is laid out once
+            return self._tune_here(sample)
+
+    def _tune_here(self, sample: dict):
         from ortfuse.runtime import planning
-        from ortfuse.tune import tuner
+        from ortfuse.tune import kernel_compile, tuner
 
         model, why_not = planning.load_model(self._source, self._options)
         if model is None:
@@ -440,6 +445,7 @@ class LiveTuning:
                 self.served.counts = None
             shutil.rmtree(folder, ignore_errors=True)
         self._plan_file = outcome.plan_file  # removed when the session goes, or at once when not swapped in
+        self._child_cpu_s = outcome.cpu_s
         began = next((t for event, t in reversed(self.timeline) if event == "child started"), None)
         if began is not None:  # the child's own steps, on this clock (from just after its interpreter started)
             self.timeline[-1:-1] = [(f"child {event}", began + s) for event, s in outcome.steps or ()]

@@ -370,7 +370,7 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     native, reference = frozenset(native_op_types(fused)), reference_op_inputs(fused)
     # the layout step needs the native ops (docs/ARCHITECTURE.md §9); auto may have measured the plan faster without
     if reference is None and kernels is None and (used is None or used.layout):
-        from ortfuse.layout.planner import plan_layout
+        from ortfuse.tune.layout_memo import plan_layout  # a tuning that timed this plan laid it out already
 
         layout, why_not = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers, data)
         if layout is not None:

@@ -74,6 +74,7 @@ class Outcome:
     handed: dict | None = None  # the entry of a plan the child could not cache (planning.plan_entry)
     plan_file: str = ""  # that plan's fused model, in a file the caller owns
     steps: list | None = None  # (event, seconds since the child's interpreter started) of its steps (tune.steps)
+    cpu_s: float = 0.0  # CPU seconds the child used (user and system, its threads included)
 
 
 def _options_spec(sess_options) -> dict:
@@ -207,14 +208,23 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ortfuse.tune import steps
+    from ortfuse.tune import layout_memo, steps
 
     steps.start()
     child_process.background_priority()
-    outcome = _child(argv[0])
+    with layout_memo.remembering():  # the plan timed whole and then made is laid out once
+        outcome = _child(argv[0])
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    outcome.cpu_s = round(usage.ru_utime + usage.ru_stime, 3)
     Path(argv[0], "result.json").write_text(json.dumps(outcome.__dict__))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # the result is on disk: no interpreter teardown (ORT sessions, numba) at idle priority before the
+    # serving process, which waits for this process to end, can swap the plan in
+    sys.stderr.flush()
+    os._exit(code)

@@ -227,7 +227,7 @@ def _plan_runner(model, fused, report, sess_options, layout_step: bool = True) -
     matches are then measured one by one)."""
     if reference_op_inputs(fused) is not None:
         return None, False
-    from ortfuse.layout.planner import plan_layout
+    from ortfuse.tune.layout_memo import plan_layout
 
     native = frozenset(native_op_types(fused))
     layout = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers)[0] if layout_step else None
