@@ -118,6 +118,9 @@ def _json_tensor(name: str, value, model_dtype: str | None) -> np.ndarray:
     except ValueError as exc:  # ragged nesting
         raise RequestError(f"input '{name}': \"data\" is not a rectangular list of numbers ({one_sentence(exc)}): "
                            "send flat data with \"shape\", or equal-length nested lists") from None
+    if raw.dtype.kind == "O" and all(isinstance(v, int) and not isinstance(v, bool) for v in raw.ravel()):
+        raise RequestError(f"input '{name}': \"data\" does not fit {dtype} (integers beyond 64 bits): send values in "
+                           "its range")
     if raw.size and not _kind_fits(raw.dtype.kind, dtype.kind):
         got = {"b": "booleans", "f": "non-integer numbers"}.get(raw.dtype.kind, "values that are not numbers")
         raise RequestError(f"input '{name}' is {dtype} but \"data\" holds {got}: send {_values_of(dtype)}")
