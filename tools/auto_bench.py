@@ -4,9 +4,13 @@ requests, then auto beside stock ORT and ``fusion=True``, and served latency whi
 
 Usage::
 
-    python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all] [--threads 2] [--gap 2x]
-                               [--served 30] [--wait 300] [--block 8] [--passes 1] [--runs 20]
-                               [--repeats 3] [--json benchmarks/results/]
+    python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all|public|tiny_ffn] [--threads 2]
+                               [--gap 2x] [--served 30] [--wait 300] [--block 8] [--passes 1] [--runs 20]
+                               [--repeats 3] [--alone] [--json benchmarks/results/]
+
+Models: zoo names (``all``: the zoo), the public models (``public``: real trained models,
+``ortfuse.models.public``, at their natural shapes) and ``tiny_ffn``, built here (a seeded 3-layer
+FFN whose run takes about 0.1 ms: the wrapper's cost per run shows on it).
 
 One process per model and pass (``--child``), CPU provider, ORT_ENABLE_ALL, ORT's pool threads not
 spinning (docs/ARCHITECTURE.md §8), a new empty ``ORTFUSE_CACHE_DIR`` (nothing known: the auto
@@ -30,7 +34,11 @@ Phases:
    load, as the auto requests are served with tuning going on between them. After ``--served`` auto
    requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and records what it
    returned and when; each request is labelled by auto's state when it arrived (``recording``,
-   ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone;
+   ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone.
+   ``--alone``: no stock blocks while auto tunes (a serving loop of auto alone); once it has tuned,
+   stock and the A/A stock session are served the same way, as many requests (``reference``);
+   time to the plan: served runs and seconds from the first served run until the final plan took
+   effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
    ``--runs`` passes, no gap): stock, the A/A stock session, the tuned auto session and a
    ``fusion=True`` session and a second ``fusion=True`` session (the fused A/A control: the same plan
@@ -103,12 +111,47 @@ def _gap_s(spec: str, stock_p50_ms: float) -> float:
 # --------------------------------------------------------------------------------------------- child
 
 
+TINY = "tiny_ffn"  # built here: a model whose run takes about 0.1 ms (the wrapper's cost per run shows)
+
+
+def tiny_ffn(folder: str, width: int = 448, layers: int = 3) -> str:
+    """A seeded FFN stack, x [1, 8, width] -> (MatMul, Add bias, Add x, Relu) x ``layers``: 3-D
+    MatMul+Add and two-input Add+Relu, patterns ortfuse matches, in a model of about 0.1 ms; its path."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
+                                          f"w{i}"),
+                  numpy_helper.from_array((0.1 * rng.standard_normal(width)).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"bias{i}"),
+                  helper.make_node("Add", [f"a{i}", x], [f"s{i}"], name=f"residual{i}"),
+                  helper.make_node("Relu", [f"s{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    shape = [1, 8, width]
+    graph = helper.make_graph(nodes, TINY, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], inits)
+    path = os.path.join(folder, f"{TINY}.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def model_and_feeds(name: str) -> tuple[str, list[dict]]:
     """The model's path and 8 seeded feeds: a public model (``ortfuse.models.public``: fetched into the
-    cache, at its natural shape) or a zoo model."""
+    cache, at its natural shape), ``tiny_ffn`` (built here, in the run's cache folder) or a zoo model."""
     import ortfuse.models as zoo
     from ortfuse.models import public
 
+    if name == TINY:
+        import numpy as np
+
+        path = tiny_ffn(os.environ.get("ORTFUSE_CACHE_DIR") or tempfile.mkdtemp(prefix="ortfuse-auto-bench-"))
+        return path, [{"x": np.random.default_rng(i).standard_normal((1, 8, 448)).astype(np.float32)}
+                      for i in range(8)]
     if name in public.NAMES:
         return str(public.fetch(name)), [public.sample_inputs(name, seed=i) for i in range(8)]
     return zoo.resolve(name), [zoo.sample_inputs(name, seed=i) for i in range(8)]
