@@ -51,10 +51,11 @@ where ``fusion=True`` is faster than stock beyond the A/A control's noise (its s
 the A/A's fastest), auto is within the noise of fusion=True (median ratio <= fusion=True's + the
 larger of the stock A/A's and the fused A/A's largest deviation from 1: auto serves the plan
 fusion=True makes, in another session, and two sessions of one fused plan differ by more than two
-stock ones); ``p99_tuning``: the p99 of auto's requests served while it tuned <= 1.25 x
-the p99 of the stock blocks' requests served in the same span (both stock sessions pooled: as many
-requests as auto's), printed beside the A/A p99 ratio (second stock session over the first, each on
-half as many requests: a wider noise floor than the figure's). ``--passes N`` repeats the whole run
+stock ones); ``p99_tuning`` and ``p50_tuning``: the p99 (p50) of auto's requests served while it
+recorded and tuned <= 1.25 (1.05) x that of the stock blocks' requests served in the same span (both
+stock sessions pooled: as many requests as auto's; with ``--alone``, the reference requests), each
+printed beside its A/A ratio (second stock session over the first, each on half as many requests: a
+wider noise floor than the figure's). ``--passes N`` repeats the whole run
 in N fresh processes; the verdicts are then judged on the medians over passes, each pass's ratio
 and A/A shown. The JSON file (``--json``: a folder takes ``auto_bench-<models>-<date>.json``) holds
 the raw latencies, every served request (arrival, block, state, ms), the live tuning's steps on the
