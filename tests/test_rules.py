@@ -118,8 +118,8 @@ from ortfuse.fusion.rulekit.result import Match
 
 # Neg -> Neg   ->   ToyNegNeg(x)
 def match(ix, anchor):
-    second = ix.only_consumer(anchor.output[0]) if anchor.op_type == "Neg" else None
-    if second is None or second.op_type != "Neg":
+    second = ix.child(anchor.output[0], "Neg")
+    if second is None:
         return None
     return Match("{id}", "ToyNegNeg", [anchor, second], [anchor.input[0]], second.output[0])
 
@@ -128,7 +128,7 @@ def _graph():
     return model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])], {{"x": [2]}}, ["y"])
 
 
-RULE = PatternRule(id="{id}", order=55, matcher=match,
+RULE = PatternRule(id="{id}", order=55, anchor="Neg", matcher=match,
                    specs=(OpSpec("ToyNegNeg", "{id}", ("X",), {{}}, lambda x, **_: x),),
                    examples=(Example("neg_neg", _graph), Example("none", _graph, reason="")))
 '''

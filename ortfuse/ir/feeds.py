@@ -229,31 +229,20 @@ def sample_shapes(declared: list[Declared], batch: int = 1, named: Mapping[str, 
 # --------------------------------------------------------------------------- value ranges from the graph
 
 
-class _Graph:
-    """Producers, consumers (with the input position) and constant tensors of a model's top-level
-    graph: ``GraphIndex``'s maps, the constants kept as TensorProtos (a table's rows are read from
-    its dims, never by decoding it)."""
+class _Values:
+    """The graph's links (``GraphLinks``: producers, and ``uses`` with each input position) and its
+    constant tensors kept as TensorProtos (a table's rows are read from its dims, never by decoding it)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        from ortfuse.ir.graph import GraphIndex
+        from ortfuse.ir.links import GraphLinks
 
-        self._ix = GraphIndex(model, infer_shapes=False)
-        self.producer = self._ix.producer
-        self.constants: dict[str, onnx.TensorProto] = dict(self._ix.initializers)
+        self.links = GraphLinks(model.graph)
+        self.constants: dict[str, onnx.TensorProto] = dict(self.links.initializers)
         for node in model.graph.node:
             if node.op_type == "Constant" and node.output:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
                     self.constants[node.output[0]] = value
-
-    def consumers(self, name: str) -> list[tuple[onnx.NodeProto, int]]:
-        """(node, input position) of every use of ``name`` as a node input."""
-        out, seen = [], set()
-        for node in self._ix.consumers_of(name):
-            if id(node) not in seen:
-                seen.add(id(node))
-                out += [(node, i) for i, t in enumerate(node.input) if t == name]
-        return out
 
     def table_rows(self, name: str, axis: int) -> int | None:
         """Size on ``axis`` of the constant ``name`` (seen through ``_TABLE_THROUGH``), None if unknown."""
@@ -263,8 +252,8 @@ class _Graph:
                 if -len(dims) <= axis < len(dims) and dims[axis] > 0:
                     return int(dims[axis])
                 return None
-            node = self.producer.get(name)
-            if node is None or node.op_type not in _TABLE_THROUGH or not node.input:
+            node = self.links.parent(name, _TABLE_THROUGH, domain=None)
+            if node is None or not node.input:
                 return None
             name = node.input[0]
         return None
@@ -291,7 +280,7 @@ def _cast_to(node: onnx.NodeProto) -> int:
     return _attr(node, "to", 0)
 
 
-def _follow(graph: _Graph, start: str) -> tuple[tuple[int, int] | None, bool]:
+def _follow(graph: _Values, start: str) -> tuple[tuple[int, int] | None, bool]:
     """([low, high) the values of ``start`` must lie in to index every table they reach, or None when
     they index none; whether they reach a Cast to a floating type)."""
     low, high, found, to_float = 0, None, False, False
@@ -301,7 +290,7 @@ def _follow(graph: _Graph, start: str) -> tuple[tuple[int, int] | None, bool]:
         if (name, shift) in seen:
             continue
         seen.add((name, shift))
-        for node, idx in graph.consumers(name):
+        for node, idx in graph.links.uses(name):
             op = node.op_type
             for index_input, table_input, axis in INDEXING_OPS.get(op, ()):
                 if idx != index_input or len(node.input) <= table_input:
@@ -338,7 +327,7 @@ def integer_ranges(model: onnx.ModelProto | str, declared: list[Declared] | None
 
     model = _model(model)
     declared = declared_inputs(model) if declared is None else declared
-    graph = _Graph(model)
+    graph = _Values(model)
     out = {}
     for name, elem, _ in declared:
         if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).kind not in "iu":

@@ -1,19 +1,21 @@
 """GraphIndex: read-only lookups over a model's top-level graph for the pattern matchers.
 
-It answers: who produces a tensor, who consumes it (nodes inside If/Loop/Scan bodies count as
-consumers of the outer tensors they reference), is it a graph output, is it a constant (initializer,
-``Constant`` node, or ``Constant -> Reshape`` / ``Constant -> Identity``), and its dtype and shape
-from ONNX shape inference (dims are ints, symbolic names, or None).
+It answers what ``GraphLinks`` does (who produces a tensor, who consumes it, nodes inside
+If/Loop/Scan bodies counting as consumers of the outer tensors they reference, is it a graph output,
+walks along a chain of nodes) and more: is a tensor a constant (initializer, ``Constant`` node, or
+``Constant -> Reshape`` / ``Constant -> Identity``), its dtype and shape from ONNX shape inference
+(dims are ints, symbolic names, or None), the nodes' names and positions.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from ortfuse.ir.links import GraphLinks, node_inputs_with_subgraphs
 
 Shape = list  # of int | str | None
 
@@ -26,39 +28,6 @@ def fresh_name(base: str, taken: set[str]) -> str:
         name = f"{base}_{k}"
     taken.add(name)
     return name
-
-
-def consumers_of(graph: onnx.GraphProto) -> collections.defaultdict[str, list[onnx.NodeProto]]:
-    """Tensor name -> the nodes of ``graph`` that read it, in graph order (a name never read maps to
-    []; an omitted optional input "" is no tensor and reads nothing)."""
-    consumers: collections.defaultdict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for n in graph.node:
-        for t in n.input:
-            if t:
-                consumers[t].append(n)
-    return consumers
-
-
-def _subgraph_refs(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads that it does not define itself (its outer-scope references)."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(node_inputs_with_subgraphs(node))
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
-
-
-def node_inputs_with_subgraphs(node: onnx.NodeProto) -> list[str]:
-    names = [i for i in node.input if i]
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            names.extend(_subgraph_refs(attr.g))
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            for sub in attr.graphs:
-                names.extend(_subgraph_refs(sub))
-    return names
 
 
 # onnx's data propagation (shape arithmetic: Shape -> Gather -> Concat -> Reshape) keeps the values
@@ -79,27 +48,20 @@ def infer_shapes_with_data(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, data_prop=all(n <= DATA_PROP_MAX_VECTOR for n in lengths))
 
 
-class GraphIndex:
-    """Index of ``model.graph``; build a new one after any change to the graph."""
+class GraphIndex(GraphLinks):
+    """Index of ``model.graph``; build a new one after any change to the graph.
+
+    A matcher is given the index, or its near-miss view (``explaining()``, ``near_miss`` set), in
+    which ``only_consumer`` and the walks built on it follow a tensor's first reader whatever their
+    count; the view shares every table with the index, ``claimed`` and the names given out included."""
 
     def __init__(self, model: onnx.ModelProto, infer_shapes: bool = True) -> None:
+        super().__init__(model.graph)
         self.model = model
-        self.graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        self.position: dict[int, int] = {}
-        for pos, node in enumerate(self.graph.node):
-            self.position[id(node)] = pos
-            for out in node.output:
-                if out:
-                    self.producer[out] = node
-            for name in node_inputs_with_subgraphs(node):
-                self.consumers.setdefault(name, []).append(node)
-        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.position: dict[int, int] = {id(node): pos for pos, node in enumerate(self.graph.node)}
         self.graph_inputs = {i.name for i in self.graph.input}
         self.structure_problem = _structure_problem(self.graph, self.graph_inputs | set(self.initializers))
-        self.graph_outputs = {o.name for o in self.graph.output}
         self._types: dict[str, tuple[int, Shape | None]] = {}
         self.shape_inference_error = ""
         self._record_types(self.graph.input, self.graph.output, self.graph.value_info)
@@ -112,7 +74,6 @@ class GraphIndex:
             except Exception as exc:  # a model ORT accepts may still trip onnx's inference
                 self.shape_inference_error = f"{type(exc).__name__}: {exc}"[:200]
         self.claimed: set[int] = set()  # ids of nodes already taken by a match (set by the rewriter)
-        self.relaxed = False
         self._taken = {n.name for n in self.graph.node if n.name} | set(self._types) | set(self.producer)
         self._taken |= {i for n in self.graph.node for i in n.input}
         self._names = {}
@@ -134,32 +95,10 @@ class GraphIndex:
                     shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
                 self._types[vi.name] = (t.elem_type, shape)
 
-    # --- names, producers, consumers -------------------------------------------------------
+    # --- names ---------------------------------------------------------------------------------
     def name_of(self, node: onnx.NodeProto) -> str:
         """The node's name, or ``<op_type>_<position>`` for unnamed nodes."""
         return self._names[id(node)]
-
-    def consumers_of(self, tensor: str) -> list[onnx.NodeProto]:
-        return self.consumers.get(tensor, [])
-
-    def only_consumer(self, tensor: str) -> onnx.NodeProto | None:
-        """The single consumer of ``tensor`` if it has exactly one and is not a graph output.
-
-        In ``relaxed`` mode (used only to explain why a candidate was not fused) it returns the
-        first consumer whatever the count, so the rewriter's legality check can name the reason."""
-        users = self.consumers_of(tensor)
-        if self.relaxed:
-            return users[0] if users else None
-        if len(users) != 1 or tensor in self.graph_outputs:
-            return None
-        return users[0]
-
-    def other_input(self, node: onnx.NodeProto, tensor: str) -> str | None:
-        """For a binary node fed by ``tensor``, the other input name (None if not binary)."""
-        ins = list(node.input)
-        if len(ins) != 2 or tensor not in ins:
-            return None
-        return ins[1] if ins[0] == tensor else ins[0]
 
     # --- constants ----------------------------------------------------------------------------
     def const(self, name: str) -> np.ndarray | None:

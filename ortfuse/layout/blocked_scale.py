@@ -8,7 +8,7 @@ inputs back to NCHW and the product forward to NCHWc again. Rewrite:
     #   ->   FusedChannelScaleBlocked(Xb, Sb; block) -> Yb
 
 Consumers of ``y`` other than ReorderInput keep it through one ReorderOutput of the new product;
-a ReorderOutput left without consumers is removed. ``shape`` gives a tensor's dims in the graph
+a ReorderOutput left without consumers is removed (``GraphEdit.commit``). ``shape`` gives a tensor's dims in the graph
 before ORT optimized it (the tensors around a reorder keep their original names).
 """
 
@@ -21,18 +21,15 @@ from onnx import helper
 
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
+from ortfuse.ir.links import is_op
 
 NCHWC = "com.microsoft.nchwc"
 OP = "FusedChannelScaleBlocked"
 
 
-def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain == domain
-
-
 def _plain_reorder(node: onnx.NodeProto | None, op_type: str) -> bool:
-    return node is not None and _is(node, op_type, NCHWC) and not attr(node, "channels_last", 0)
+    return is_op(node, op_type, NCHWC) and not attr(node, "channels_last", 0)
 
 
 def reorder_count(graph: onnx.GraphProto) -> int:
@@ -41,14 +38,12 @@ def reorder_count(graph: onnx.GraphProto) -> int:
 
 def block_channel_scales(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int) -> int:
     """Rewrite every SE scale Mul between blocked tensors in ``graph`` (in place); returns how many."""
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers = consumers_of(graph)
-    replaced: dict[int, list[onnx.NodeProto]] = {}
-    dropped: set[int] = set()
+    g = GraphEdit(graph)
+    replaced = 0
     for node in graph.node:
-        if not (node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.input) == 2):
+        if not (is_op(node, "Mul") and len(node.input) == 2):
             continue
-        pair = _scale_pair(node, producer, shape)
+        pair = _scale_pair(node, g, shape)
         if pair is None:
             continue
         x, s, channels = pair
@@ -58,33 +53,21 @@ def block_channel_scales(graph: onnx.GraphProto, shape: Callable[[str], list | N
                                 domain=DOMAIN, block=block,
                                 doc_string=f"ortfuse layout: {node.name or out} (x * s) on NCHWc blocks of {block}")]
         keep_plain = False
-        for c in consumers[out]:
+        for c in g.consumers_of(out):
             if _plain_reorder(c, "ReorderInput"):
-                for user in consumers[c.output[0]]:
-                    user.input[:] = [blocked if t == c.output[0] else t for t in user.input]
-                graph_outputs = [o for o in graph.output if o.name == c.output[0]]
-                keep_plain |= bool(graph_outputs)
-                if not graph_outputs:
-                    dropped.add(id(c))
+                g.rewire(c.output[0], blocked)
+                keep_plain |= c.output[0] in g.graph_outputs
+                if c.output[0] not in g.graph_outputs:
+                    g.drop(c)
             else:
                 keep_plain = True
-        if keep_plain or out in {o.name for o in graph.output}:
+        if keep_plain or out in g.graph_outputs:
             new.append(helper.make_node("ReorderOutput", [blocked], [out], domain=NCHWC, channels=channels,
                                         channels_last=0))
-        replaced[id(node)] = new
-    if not replaced:
-        return 0
-    nodes = []
-    for n in graph.node:
-        if id(n) in replaced:
-            nodes.extend(replaced[id(n)])
-        elif id(n) not in dropped:
-            nodes.append(n)
-    used = {t for n in nodes for t in n.input} | {o.name for o in graph.output}
-    nodes = [n for n in nodes if not (_plain_reorder(n, "ReorderOutput") and n.output[0] not in used)]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(replaced)
+        g.replace(node, *new)  # the ReorderOutputs of x and s go too when nothing else reads them
+        replaced += 1
+    g.commit()
+    return replaced
 
 
 def scale_shapes(node: onnx.NodeProto, shape: Callable[[str], list | None]) -> int:
@@ -102,10 +85,10 @@ def scale_shapes(node: onnx.NodeProto, shape: Callable[[str], list | None]) -> i
     return 0
 
 
-def _scale_pair(node, producer, shape) -> tuple[onnx.NodeProto, onnx.NodeProto, int] | None:
+def _scale_pair(node, g: GraphEdit, shape) -> tuple[onnx.NodeProto, onnx.NodeProto, int] | None:
     """(reorder of x, reorder of s, channels) when ``node`` multiplies a blocked [N, C, H, W] tensor
     by a blocked [N, C, 1, 1] one, else None."""
-    a, b = (producer.get(t) for t in node.input)
+    a, b = (g.producer.get(t) for t in node.input)
     if not (_plain_reorder(a, "ReorderOutput") and _plain_reorder(b, "ReorderOutput")):
         return None
     which = scale_shapes(node, shape)

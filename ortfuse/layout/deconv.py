@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.conv_filters import pack_deconv_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
 from ortfuse.layout import op_timing, replaced_nodes
 from ortfuse.layout.winograd import MARGIN, NCHWC, mode
 
@@ -74,20 +74,13 @@ def _filter(node: onnx.NodeProto, inits: dict) -> np.ndarray | None:
     return w
 
 
-def _candidate(node: onnx.NodeProto, inits: dict, producer: dict, block: int) -> np.ndarray | None:
+def _candidate(node: onnx.NodeProto, g: GraphEdit, block: int) -> np.ndarray | None:
     """The filter of a ConvTranspose that reads a ReorderOutput of blocks (Cin a multiple of block)."""
-    src = producer.get(node.input[0])
-    if src is None or src.op_type != "ReorderOutput" or src.domain != NCHWC or attr(src, "channels_last", 0):
+    src = g.parent(node.input[0], "ReorderOutput", NCHWC)
+    if src is None or attr(src, "channels_last", 0):
         return None
-    w = _filter(node, inits)
+    w = _filter(node, g.initializers)
     return w if w is not None and w.shape[0] % block == 0 else None
-
-
-def _sole_user(name: str, consumers: dict, outputs: set, op_types: tuple) -> onnx.NodeProto | None:
-    users = consumers[name]
-    if len(users) == 1 and name not in outputs and users[0].op_type in op_types and users[0].domain in ("", "ai.onnx"):
-        return users[0]
-    return None
 
 
 def _bias(node: onnx.NodeProto, base: str, cout: int, new_inits: list) -> str:
@@ -106,27 +99,21 @@ def run_deconv(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: in
     result = DeconvResult()
     if mode() == "off":
         return result
-    inits = {t.name: t for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers = consumers_of(graph)
-    outputs = {o.name for o in graph.output}
-    replace: dict[int, onnx.NodeProto] = {}
-    dropped: set[int] = set()
+    g = GraphEdit(graph)
     new_inits: list[onnx.TensorProto] = []
-    for node in list(graph.node):
-        w = _candidate(node, inits, producer, block)
+    for node in graph.node:
+        w = _candidate(node, g, block)
         if w is None:
             continue
-        src = producer[node.input[0]]
-        fold = _sole_user(node.output[0], consumers, outputs, ("Relu",))
+        src = g.producer[node.input[0]]
+        fold = g.child(node.output[0], "Relu")
         act = "relu" if fold is not None else ""
         mid = fold.output[0] if fold is not None else node.output[0]
-        second = _sole_user(mid, consumers, outputs, ("ConvTranspose",))
-        w2 = _filter(second, inits) if second is not None else None
+        second = g.child(mid, "ConvTranspose")
+        w2 = _filter(second, g.initializers) if second is not None else None
         if w2 is not None and w2.shape[0] != w.shape[1]:
             w2 = None
-        fold2 = (_sole_user(second.output[0], consumers, outputs, ("Relu", "Sigmoid"))
-                 if second is not None and w2 is not None else None)
+        fold2 = g.child(second.output[0], ("Relu", "Sigmoid")) if second is not None and w2 is not None else None
         act2 = fold2.op_type.lower() if fold2 is not None else ""
         cin, cout = w.shape[:2]
         cout2 = int(w2.shape[1]) if w2 is not None else 0
@@ -147,29 +134,17 @@ def run_deconv(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: in
             inputs += [wt2.name, _bias(second, base2, cout2, new_inits)]
             attrs.update({"activation2": act2} if act2 else {})
             out = fold2.output[0] if fold2 is not None else second.output[0]
-            dropped.add(id(second))
-            if fold2 is not None:
-                dropped.add(id(fold2))
             result.chained += 1
         new = helper.make_node(OP2 if w2 is not None else OP, inputs, [out], name=f"{base}/blocked", domain=DOMAIN,
                                **attrs)
         new.doc_string = f"ortfuse layout: {base} read from NCHWc blocks"
         chained = (second, fold2) if w2 is not None else ()
         replaced_nodes.record(new, [n for n in (node, fold, *chained) if n is not None])
-        replace[id(node)] = new
-        if fold is not None:
-            dropped.add(id(fold))
-        if all(u is node for u in consumers[node.input[0]]) and node.input[0] not in outputs:
-            dropped.add(id(src))
+        g.replace(node, new)  # the ReorderOutput before it goes too when nothing else reads its output
+        g.drop(*[n for n in (fold, *chained) if n is not None])
         result.replaced += 1
-    if replace:
-        nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(new_inits)
-        used = {t for n in graph.node for t in n.input}
-        for t in [t for t in graph.initializer if t.name not in used]:
-            graph.initializer.remove(t)
+    g.add_initializer(*new_inits)
+    g.commit()
     return result
 
 

@@ -39,7 +39,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
 from ortfuse.layout import op_timing, replaced_nodes, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
 
@@ -151,22 +151,17 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
     result = DepthwiseResult()
     if block not in (8, 16) or mode() == "off":
         return result
-    inits = {t.name: t for t in graph.initializer}
-    consumers = consumers_of(graph)
-    outputs = {o.name for o in graph.output}
-    replace: dict[int, onnx.NodeProto] = {}
-    dropped: set[int] = set()
+    g = GraphEdit(graph)
+    inits = g.initializers
     new_inits: list[onnx.TensorProto] = []
-    for node in list(graph.node):
+    for node in graph.node:
         found = _candidate(node, inits, block)
         if found is None:
             continue
         k, strides, pads, (act, alpha, beta) = found
-        out, fold = node.output[0], None
-        users = consumers[node.output[0]]
-        if not act and len(users) == 1 and node.output[0] not in outputs and users[0].op_type == "QuickGelu" \
-                and users[0].domain == "com.microsoft":
-            fold = users[0]
+        out = node.output[0]
+        fold = None if act else g.child(out, "QuickGelu", "com.microsoft")
+        if fold is not None:
             act, alpha, beta, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), 0.0, fold.output[0]
         dims = hw.get(node.input[0])
         c = int(inits[node.input[1]].dims[0])
@@ -185,15 +180,12 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
                                domain=DOMAIN, **_node_attrs(shape, block))
         new.doc_string = f"ortfuse layout: {base} as a native depthwise conv on NCHWc blocks"
         replaced_nodes.record(new, [n for n in (node, fold) if n is not None])
-        replace[id(node)] = new
+        g.replace(node, new)
         if fold is not None:
-            dropped.add(id(fold))
+            g.drop(fold)
         result.replaced[act] += 1
-    if replace:
-        nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(new_inits)
+    g.add_initializer(*new_inits)
+    g.commit()
     return result
 
 

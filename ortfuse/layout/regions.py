@@ -26,7 +26,6 @@ their names). The graph is rewritten in place and left in topological order.
 from __future__ import annotations
 
 import collections
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,7 +34,8 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
+from ortfuse.ir.links import GraphLinks
 
 NCHWC = "com.microsoft.nchwc"
 CHAIN, BLOCKED_CHAIN = "FusedEltwiseChain", "FusedEltwiseChainBlocked"
@@ -79,34 +79,29 @@ def reorders_left(graph: onnx.GraphProto, block: int = 0) -> collections.Counter
     a region meets an op nothing runs blocked. With ``block``, a ReorderOutput of a channel count off
     the block names it ("Op (20 channels, not a multiple of the block 8)"): ORT pads such tensors, and
     the ops that run blocked here need every channel real."""
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers = consumers_of(graph)
-    outputs = {o.name for o in graph.output}
+    links = GraphLinks(graph)
     left: collections.Counter = collections.Counter()
     for n in graph.node:
         if _is_plain_reorder(n, "ReorderInput"):
-            p = producer.get(n.input[0])
+            p = links.producer.get(n.input[0])
             left[p.op_type if p is not None else "graph input"] += 1
         elif _is_plain_reorder(n, "ReorderOutput"):
-            users = consumers[n.output[0]]
+            users = links.consumers_of(n.output[0])
             c = int(attr(n, "channels", 0) or 0)
             why = f" ({c} channels, not a multiple of the block {block})" if block and c % block else ""
             for u in sorted({u.op_type for u in users}) or []:
                 left[u + why] += 1
-            if n.output[0] in outputs:
+            if n.output[0] in links.graph_outputs:
                 left["graph output"] += 1
     return left
 
 
-class _Graph:
-    """The graph's maps and the blocked twin of each plain tensor known so far."""
+class _Graph(GraphEdit):
+    """The graph being edited and the blocked twin of each plain tensor known so far."""
 
     def __init__(self, graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int):
-        self.graph, self.shape, self.block = graph, shape, block
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.consumers = consumers_of(graph)
-        self.inits = {t.name: t for t in graph.initializer}
-        self.outputs = {o.name for o in graph.output}
+        super().__init__(graph)
+        self.shape, self.block = shape, block
         self.twin: dict[str, str] = {}  # plain tensor -> blocked tensor with the same values
         self.channels: dict[str, int] = {}
         self.known: dict[str, list] = {}  # dims of planned nodes' outputs
@@ -130,14 +125,14 @@ class _Graph:
         return list(s)
 
     def scalar(self, name: str) -> bool:
-        if name in self.inits:
-            dims = self.inits[name].dims
+        if name in self.initializers:
+            dims = self.initializers[name].dims
             return all(d == 1 for d in dims)
         s = self.shape(name)
         return s is not None and all(d == 1 for d in s)
 
     def const(self, name: str):
-        return numpy_helper.to_array(self.inits[name]) if name in self.inits else None
+        return numpy_helper.to_array(self.initializers[name]) if name in self.initializers else None
 
 
 def _blocked_node(node: onnx.NodeProto, g: _Graph) -> tuple[onnx.NodeProto, list[tuple[str, list]]] | None:
@@ -203,7 +198,7 @@ def _same(a: list | None, b: list) -> bool:
 
 
 def _per_channel(g: _Graph, name: str, out: list) -> bool:
-    s = list(g.inits[name].dims) if name in g.inits else g.shape(name)
+    s = list(g.initializers[name].dims) if name in g.initializers else g.shape(name)
     if s is None:
         return False
     return (len(s) == 4 and s[1:] == [out[1], 1, 1]) or s == [out[1], 1, 1]
@@ -296,7 +291,7 @@ def run_blocked_regions(graph: onnx.GraphProto, shape: Callable[[str], list | No
         else:
             result.kept += 1
     if accepted:
-        _rewrite(graph, g, planned, accepted)
+        _rewrite(g, planned, accepted)
         for i in accepted:
             new = planned[i][0]
             result.moved[new.op_type] += 1
@@ -323,7 +318,7 @@ def _regions(graph, g: _Graph, planned) -> list[set[int]]:
             if p is not None and id(p) in planned:
                 parent[find(i)] = find(id(p))
             if p is not None and _is_plain_reorder(p, "ReorderOutput"):
-                for other in g.consumers[t]:
+                for other in g.consumers_of(t):
                     if id(other) in planned:
                         parent[find(i)] = find(id(other))
     groups: dict[int, set[int]] = collections.defaultdict(set)
@@ -343,83 +338,38 @@ def _balance(members: set[int], g: _Graph, planned) -> tuple[int, int]:
             if t in seen or p is None or not _is_plain_reorder(p, "ReorderOutput"):
                 continue
             seen.add(t)
-            if t not in g.outputs and all(id(u) in members for u in g.consumers[t]):
+            if t not in g.graph_outputs and all(id(u) in members for u in g.consumers_of(t)):
                 removed += 1
         for plain in planned[id(n)][1]:
-            users = g.consumers[plain]
+            users = g.consumers_of(plain)
             removed += sum(1 for u in users if _feeds_blocks(u, g))
-            if plain in g.outputs or any(id(u) not in members and not _feeds_blocks(u, g) for u in users):
+            if plain in g.graph_outputs or any(id(u) not in members and not _feeds_blocks(u, g) for u in users):
                 added += 1
     return removed, added
 
 
 def _feeds_blocks(node: onnx.NodeProto, g: _Graph) -> bool:
     """A ReorderInput a region's blocked output replaces (not one the graph returns)."""
-    return _is_plain_reorder(node, "ReorderInput") and node.output[0] not in g.outputs
+    return _is_plain_reorder(node, "ReorderInput") and node.output[0] not in g.graph_outputs
 
 
-def _rewrite(graph, g: _Graph, planned, accepted: set[int]) -> None:
-    """Replace the accepted nodes in ``graph``; it is changed only once the new order is known."""
-    replaced_inputs = {t for n in graph.node if id(n) in accepted for t in n.input}
-    renamed: dict[str, str] = {}  # output of a dropped ReorderInput -> the blocked tensor
-    nodes: list[onnx.NodeProto] = []
-    for n in graph.node:
+def _rewrite(g: _Graph, planned, accepted: set[int]) -> None:
+    """Replace the accepted nodes; the graph is changed only at the commit, once the new order is known."""
+    for n in g.graph.node:
         if id(n) not in accepted:
-            nodes.append(n)
             continue
         new, plains = planned[id(n)]
-        nodes.append(new)
+        kept_plain = []
         for plain, blocked in zip(plains, new.output):
-            users = g.consumers[plain]
+            users = g.consumers_of(plain)
             for u in users:
-                if _feeds_blocks(u, g):
-                    renamed[u.output[0]] = blocked
-            if plain in g.outputs or any(id(u) not in accepted and not _feeds_blocks(u, g) for u in users):
-                nodes.append(helper.make_node("ReorderOutput", [blocked], [plain], domain=NCHWC,
-                                              channels=g.channels[plain], channels_last=0,
-                                              name=f"{plain}/reorder_output"))
-    dropped = set(renamed)
-    nodes = [n for n in nodes if not (_is_plain_reorder(n, "ReorderInput") and n.output[0] in dropped)]
-    for k, n in enumerate(nodes):
-        if any(t in renamed for t in n.input):  # a copy: the graph stays as it was until the end
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.input[:] = [renamed.get(t, t) for t in n.input]
-            nodes[k] = copy
-    while True:  # reorders whose outputs nothing reads any more
-        used = {t for n in nodes for t in n.input} | g.outputs
-        kept = [n for n in nodes if not (_is_plain_reorder(n, "ReorderOutput") and n.output[0] not in used)]
-        if len(kept) == len(nodes):
-            break
-        nodes = kept
-    order = _topological(nodes, {i.name for i in graph.input} | set(g.inits))
-    del graph.node[:]
-    graph.node.extend(order)
-    used = {t for n in nodes for t in n.input} | g.outputs
-    unused = [t for t in graph.initializer if t.name in replaced_inputs and t.name not in used]
-    for t in unused:  # constants only the replaced nodes read (a Resize's scales)
-        graph.initializer.remove(t)
-
-
-def _topological(nodes: list[onnx.NodeProto], sources: set[str]) -> list[onnx.NodeProto]:
-    """``nodes`` in an order where every input is made before it is read (stable otherwise)."""
-    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    deps = [{made[t] for t in n.input if t in made and t not in sources} for n in nodes]
-    users: dict[int, list[int]] = collections.defaultdict(list)
-    for i, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(i)
-    waiting = [len(ds) for ds in deps]
-    ready = [i for i, w in enumerate(waiting) if w == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for u in users[i]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
-        raise ValueError("layout: the rewritten graph has a cycle")
-    return order
+                if _feeds_blocks(u, g):  # its readers read the blocked output itself
+                    g.rewire(u.output[0], blocked)
+                    g.drop(u)
+            if plain in g.graph_outputs or any(id(u) not in accepted and not _feeds_blocks(u, g) for u in users):
+                kept_plain.append(helper.make_node("ReorderOutput", [blocked], [plain], domain=NCHWC,
+                                                   channels=g.channels[plain], channels_last=0,
+                                                   name=f"{plain}/reorder_output"))
+        # the ReorderOutputs before it and constants only it read (a Resize's scales) go at the commit
+        g.replace(n, new, *kept_plain)
+    g.commit()

@@ -31,7 +31,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,7 +40,8 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.squeeze_excite import block_1x1, unblock_1x1
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
+from ortfuse.ir.links import is_op
 from ortfuse.layout import op_timing, replaced_nodes
 from ortfuse.layout.winograd import spatial_dims
 
@@ -102,19 +103,10 @@ class _Match:
     channels: int = 0  # a plain Mul's form: X's channels (the ReorderOutput of its product)
 
 
-def _sole(name: str, consumers: dict, outputs: set) -> onnx.NodeProto | None:
-    users = consumers.get(name, [])
-    return users[0] if len(users) == 1 and name not in outputs else None
-
-
-def _is(node: onnx.NodeProto | None, op_type: str, domain: str) -> TypeGuard[onnx.NodeProto]:
-    return node is not None and node.op_type == op_type and node.domain == domain
-
-
 def _fc(node, inits: dict, plain: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """The 1x1 filter and the bias (zeros when absent) of an NCHWc Conv an SE may hold (``plain``: of
     ORT's plain ``FusedConv``, which holds the filter unblocked)."""
-    if node is None or not (_is(node, "FusedConv", "com.microsoft") if plain else _is(node, "Conv", NCHWC)):
+    if node is None or not (is_op(node, "FusedConv", "com.microsoft") if plain else is_op(node, "Conv", NCHWC)):
         return None
     if len(node.input) < 2 or node.input[1] not in inits:
         return None
@@ -140,7 +132,7 @@ def _fc(node, inits: dict, plain: bool = False) -> tuple[np.ndarray, np.ndarray]
 def _scale_form(node, x: str, s: str, block: int, hw: dict, inits: dict) -> tuple[bool, str] | None:
     """(residual, addend) of the op applying the gates S to X: the channel scale, or a blocked chain
     x * S [+ X] [+ A]; None for anything else."""
-    if _is(node, SCALE, DOMAIN):
+    if is_op(node, SCALE, DOMAIN):
         return (False, "") if list(node.input) == [x, s] and attr(node, "block") == block else None
     if not (node.domain == DOMAIN and node.op_type.startswith(CHAIN) and node.op_type[len(CHAIN):].isdigit()):
         return None
@@ -161,11 +153,11 @@ def _scale_form(node, x: str, s: str, block: int, hw: dict, inits: dict) -> tupl
     return (residual, addend) if k == len(ops) else None
 
 
-def _match(gap, g: dict, block: int) -> _Match | None:
+def _match(gap, g: GraphEdit, hw: dict, block: int) -> _Match | None:
     """The SE starting at the blocked GlobalAveragePool ``gap``, else None."""
-    consumers, outputs, inits, hw = g["consumers"], g["outputs"], g["inits"], g["hw"]
+    inits = g.initializers
     x = gap.input[0]
-    fc1 = _sole(gap.output[0], consumers, outputs)
+    fc1 = g.only_consumer(gap.output[0])
     fc1_w = _fc(fc1, inits)
     if fc1 is None or fc1_w is None or fc1.input[0] != gap.output[0]:
         return None
@@ -174,18 +166,18 @@ def _match(gap, g: dict, block: int) -> _Match | None:
     if a1 not in _ACTS:
         return None
     act, z = _ACTS[a1], fc1.output[0]
-    nxt = _sole(z, consumers, outputs)
-    if not act and _is(nxt, "QuickGelu", "com.microsoft") and abs(float(attr(nxt, "alpha", 1.702)) - 1.0) < 1e-7:
+    nxt = g.only_consumer(z)
+    if not act and is_op(nxt, "QuickGelu", "com.microsoft") and abs(float(attr(nxt, "alpha", 1.702)) - 1.0) < 1e-7:
         act, z = "silu", nxt.output[0]
         drop.append(nxt)
-        nxt = _sole(z, consumers, outputs)
+        nxt = g.only_consumer(z)
     plain_cr = 0
-    if _is(nxt, "ReorderOutput", NCHWC) and not attr(nxt, "channels_last", 0):
+    if is_op(nxt, "ReorderOutput", NCHWC) and not attr(nxt, "channels_last", 0):
         plain_cr = int(attr(nxt, "channels", 0))
         drop.append(nxt)
         z = nxt.output[0]
-        nxt = _sole(z, consumers, outputs)
-    plain_fc2 = bool(plain_cr) and _is(nxt, "FusedConv", "com.microsoft")
+        nxt = g.only_consumer(z)
+    plain_fc2 = bool(plain_cr) and is_op(nxt, "FusedConv", "com.microsoft")
     fc2_w = _fc(nxt, inits, plain_fc2)
     if nxt is None or fc2_w is None or nxt.input[0] != z:
         return None
@@ -199,7 +191,7 @@ def _match(gap, g: dict, block: int) -> _Match | None:
         gate, alpha, beta = "sigmoid", 0.2, 0.5
     else:
         return None
-    scale = _sole(fc2.output[0], consumers, outputs)
+    scale = g.only_consumer(fc2.output[0])
     channels = 0
     if plain_fc2:
         form, channels = _plain_mul(scale, x, fc2.output[0], g)
@@ -238,38 +230,32 @@ def _match(gap, g: dict, block: int) -> _Match | None:
     return _Match(drop, x, addend, (w1, b1, w2, b2), shape, channels)
 
 
-def _plain_mul(node, x: str, s: str, g: dict) -> tuple[tuple[bool, str] | None, int]:
+def _plain_mul(node, x: str, s: str, g: GraphEdit) -> tuple[tuple[bool, str] | None, int]:
     """((False, ""), channels) when ``node`` is a plain Mul of ReorderOutput(X) by S (ORT left FC2
     plain, its input channels off the block) whose product only ReorderInputs, other plain ops or the
     graph read; else (None, 0)."""
     if node is None or node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None, 0
     other = node.input[0] if node.input[1] == s else node.input[1] if node.input[0] == s else ""
-    reorder = g["producer"].get(other)
-    if not _is(reorder, "ReorderOutput", NCHWC) or attr(reorder, "channels_last", 0) or reorder.input[0] != x:
+    reorder = g.parent(other, "ReorderOutput", NCHWC)
+    if reorder is None or attr(reorder, "channels_last", 0) or reorder.input[0] != x:
         return None, 0
     return (False, ""), int(attr(reorder, "channels", 0))
 
 
-def _rewire_plain_product(mul, blocked: str, m: _Match, g: dict, dropped: set) -> list[onnx.NodeProto]:
+def _rewire_plain_product(mul, blocked: str, m: _Match, g: GraphEdit) -> list[onnx.NodeProto]:
     """For a plain Mul's form: the readers of its product's ReorderInputs read ``blocked`` (those
-    ReorderInputs and a ReorderOutput of X the Mul alone read are dropped); returns the ReorderOutput
-    that keeps the plain product for other readers or the graph, if any."""
+    ReorderInputs are dropped; a ReorderOutput of X the Mul alone read goes at the commit); returns the
+    ReorderOutput that keeps the plain product for other readers or the graph, if any."""
     # ReorderOutput(Xb) -> x, Mul(x, S) -> y, ReorderInput(y) -> Yb   ->   op(Xb, ...) -> Yb [, ReorderOutput -> y]
-    consumers, outputs = g["consumers"], g["outputs"]
     y = mul.output[0]
-    keep_plain = y in outputs
-    for u in consumers.get(y, []):
-        if _is(u, "ReorderInput", NCHWC) and not attr(u, "channels_last", 0) and u.output[0] not in outputs:
-            for reader in consumers.get(u.output[0], []):
-                reader.input[:] = [blocked if t == u.output[0] else t for t in reader.input]
-            dropped.add(id(u))
+    keep_plain = y in g.graph_outputs
+    for u in g.consumers_of(y):
+        if is_op(u, "ReorderInput", NCHWC) and not attr(u, "channels_last", 0) and u.output[0] not in g.graph_outputs:
+            g.rewire(u.output[0], blocked)
+            g.drop(u)
         else:
             keep_plain = True
-    x_plain = next(t for t in mul.input if t != m.drop[-2].output[0])
-    reorder = g["producer"][x_plain]
-    if x_plain not in outputs and all(u is mul for u in consumers.get(x_plain, [])):
-        dropped.add(id(reorder))
     if not keep_plain:
         return []
     return [helper.make_node("ReorderOutput", [blocked], [y], domain=NCHWC, channels=m.channels, channels_last=0,
@@ -286,18 +272,14 @@ def run_se_blocks(graph: onnx.GraphProto, shape: Callable[[str], list | None], b
     result = SEResult()
     if block < 1 or mode() == "off":
         return result
-    consumers = consumers_of(graph)
-    g = {"consumers": consumers, "outputs": {o.name for o in graph.output},
-         "producer": {o: n for n in graph.node for o in n.output},
-         "inits": {t.name: t for t in graph.initializer}, "hw": spatial_dims(graph, shape)}
-    replace: dict[int, list[onnx.NodeProto]] = {}
-    dropped: set[int] = set()
+    g = GraphEdit(graph)
+    hw = spatial_dims(graph, shape)
     new_inits: list[onnx.TensorProto] = []
-    for gap in [n for n in graph.node if _is(n, "GlobalAveragePool", NCHWC)]:
-        m = _match(gap, g, block)
+    for gap in [n for n in graph.node if is_op(n, "GlobalAveragePool", NCHWC)]:
+        m = _match(gap, g, hw, block)
         if m is None:
             continue
-        if any(id(n) in dropped for n in m.drop) or not decide(m.shape):
+        if any(g.edited(n) for n in m.drop) or not decide(m.shape):
             result.kept += 1
             continue
         scale = m.drop[-1]
@@ -314,17 +296,11 @@ def run_se_blocks(graph: onnx.GraphProto, shape: Callable[[str], list | None], b
                                [out], name=f"{base}/squeeze_excite", domain=DOMAIN, **attrs)
         new.doc_string = f"ortfuse layout: the squeeze-excite block at {base} as one op on NCHWc blocks"
         replaced_nodes.record(new, m.drop)
-        replace[id(scale)] = [new] + (_rewire_plain_product(scale, out, m, g, dropped) if m.channels else [])
-        dropped |= {id(n) for n in m.drop[:-1]}
+        g.replace(scale, new, *(_rewire_plain_product(scale, out, m, g) if m.channels else []))
+        g.drop(*m.drop[:-1])  # ORT's blocked FC filters go too when nothing else reads them
         result.replaced[form_name(s)] += 1
-    if replace:
-        nodes = [r for n in graph.node if id(n) not in dropped for r in replace.get(id(n), [n])]
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(new_inits)
-        used = {t for n in graph.node for t in n.input}
-        for t in [t for t in graph.initializer if t.name not in used]:  # ORT's blocked FC filters replaced
-            graph.initializer.remove(t)
+    g.add_initializer(*new_inits)
+    g.commit()
     return result
 
 

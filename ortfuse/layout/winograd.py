@@ -43,7 +43,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
-from ortfuse.ir.graph import consumers_of
+from ortfuse.ir.editing import GraphEdit
 from ortfuse.layout import op_timing, replaced_nodes
 
 NCHWC = "com.microsoft.nchwc"
@@ -166,16 +166,13 @@ def spatial_dims(graph: onnx.GraphProto, shape: Callable[[str], list | None]) ->
     return hw
 
 
-def _residual(out: str, consumers: dict, outputs: set, inits: dict, hw: dict) -> onnx.NodeProto | None:
+def _residual(out: str, g: GraphEdit, hw: dict) -> onnx.NodeProto | None:
     """The ONNX Add that alone reads ``out`` and adds a run-time tensor of the same (H, W) to it."""
-    users = consumers[out]
-    if len(users) != 1 or out in outputs or users[0].op_type != "Add" or users[0].domain not in ("", "ai.onnx"):
-        return None
-    add = users[0]
-    if len(add.input) != 2 or add.input[0] == add.input[1]:
+    add = g.child(out, "Add")
+    if add is None or len(add.input) != 2 or add.input[0] == add.input[1]:
         return None
     other = add.input[1] if add.input[0] == out else add.input[0]
-    if other in inits or hw.get(other) is None or hw.get(other) != hw.get(out):
+    if other in g.initializers or hw.get(other) is None or hw.get(other) != hw.get(out):
         return None
     return add
 
@@ -187,26 +184,22 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
     result = WinogradResult()
     if block not in (8, 16) or mode() == "off":
         return result
-    inits = {t.name: t for t in graph.initializer}
-    consumers = consumers_of(graph)
-    outputs = {o.name for o in graph.output}
+    g = GraphEdit(graph)
     hw = spatial_dims(graph, shape)
-    replace: dict[int, onnx.NodeProto] = {}
-    dropped: set[int] = set()
     new_inits: list[onnx.TensorProto] = []
-    for node in list(graph.node):
-        w = _candidate(node, inits, block)
+    for node in graph.node:
+        w = _candidate(node, g.initializers, block)
         if w is None:
             continue
         dims = hw.get(node.input[0])
         act = "relu" if attr(node, "activation") == b"Relu" else ""
-        alpha, out, fold = 1.0, node.output[0], None
-        users = consumers[node.output[0]]
-        if not act and len(users) == 1 and node.output[0] not in outputs and users[0].op_type == "QuickGelu" \
-                and users[0].domain == "com.microsoft":
-            fold = users[0]
+        alpha, out = 1.0, node.output[0]
+        fold = None if act else g.child(out, "QuickGelu", "com.microsoft")
+        if fold is not None:
             act, alpha, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), fold.output[0]
-        add = _residual(out, consumers, outputs, inits, hw) if act else None
+        add = _residual(out, g, hw) if act else None
+        if add is not None and g.edited(add):  # the other input's conv took it already
+            add = None
         cout, cin = w.shape[:2]
         if dims is not None and add is not None and not decide(cin, cout, dims[0], dims[1], act, alpha, True):
             add = None  # the conv alone may still measure faster, the Add left to ORT
@@ -230,23 +223,15 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
         if add is not None:
             inputs.append(add.input[1] if add.input[0] == out else add.input[0])
             out = add.output[0]
-            dropped.add(id(add))
         new = helper.make_node(OP_ADD if add is not None else OP, inputs, [out], name=f"{base}/winograd",
                                domain=DOMAIN, **attrs)
         new.doc_string = f"ortfuse layout: {base} as Winograd F(4x4,3x3) on NCHWc blocks"
         replaced_nodes.record(new, [n for n in (node, fold, add) if n is not None])
-        replace[id(node)] = new
-        if fold is not None:
-            dropped.add(id(fold))
+        g.replace(node, new)  # ORT's blocked filter goes too when nothing else reads it
+        g.drop(*[n for n in (fold, add) if n is not None])
         result.replaced[act + ("+add" if add is not None else "")] += 1
-    if replace:
-        nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in dropped]
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(new_inits)
-        used = {t for n in graph.node for t in n.input}
-        for t in [t for t in graph.initializer if t.name not in used]:  # ORT's blocked filters replaced
-            graph.initializer.remove(t)
+    g.add_initializer(*new_inits)
+    g.commit()
     return result
 
 

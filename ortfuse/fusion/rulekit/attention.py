@@ -49,11 +49,6 @@ class Heads:
     targets: list[str]  # the Reshape targets read
 
 
-def producer(ix: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
-    node = ix.producer.get(tensor)
-    return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
-
-
 def scalar(ix: GraphIndex, name: str) -> float | None:
     value = ix.const(name)
     if value is None or value.size != 1 or value.dtype.kind != "f":
@@ -65,17 +60,17 @@ def projection(ix: GraphIndex, tensor: str) -> Projection | None:
     """``tensor`` = x @ W [+ b], W a constant 2-D matrix, b a constant vector of W's columns."""
     nodes: list[onnx.NodeProto] = []
     bias = None
-    add = producer(ix, tensor, "Add")
+    add = ix.parent(tensor, "Add")
     if add is not None:
         for i in (0, 1):
-            mm = producer(ix, add.input[i], "MatMul")
+            mm = ix.parent(add.input[i], "MatMul")
             b = ix.const(add.input[1 - i])
             if mm is not None and b is not None:
                 nodes, bias, tensor = [add], b, add.input[i]
                 break
         else:
             return None
-    mm = producer(ix, tensor, "MatMul")
+    mm = ix.parent(tensor, "MatMul")
     if mm is None:
         return None
     w = ix.const(mm.input[1])
@@ -159,7 +154,7 @@ class Sizes:
         value = self.ix.const(target)
         if value is not None:
             return [int(v) for v in value.reshape(-1)]
-        concat = producer(self.ix, target, "Concat")
+        concat = self.ix.parent(target, "Concat")
         pieces = list(concat.input) if concat is not None else [target]
         entries: list[Entry] = []
         for piece in pieces:
@@ -174,7 +169,7 @@ class Sizes:
         value = ix.const(tensor)
         if value is not None:
             return [int(v) for v in value.reshape(-1)]
-        unsqueeze = producer(ix, tensor, "Unsqueeze")
+        unsqueeze = ix.parent(tensor, "Unsqueeze")
         if unsqueeze is not None and _axes(ix, unsqueeze) == [0]:
             scalar_dim = self._shape_dims(unsqueeze.input[0])
             if scalar_dim is not None and len(scalar_dim) == 1:
@@ -267,10 +262,10 @@ def head_split(entries: list[Entry] | None, width: int) -> tuple[int, int] | str
 def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> Heads | str | None:
     """``tensor`` = Transpose(Reshape(projection, [B, S, H, d]), perm): H and d constants (one may be
     -1), B and S proven (``Sizes``)."""
-    tr = producer(ix, tensor, "Transpose")
+    tr = ix.parent(tensor, "Transpose")
     if tr is None or tuple(attr(tr, "perm", ())) != perm:
         return None
-    rs = producer(ix, tr.input[0], "Reshape")
+    rs = ix.parent(tr.input[0], "Reshape")
     if rs is None:
         return None
     proj = projection(ix, rs.input[0])
@@ -293,7 +288,7 @@ def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> 
 def key_transposed(ix: GraphIndex, tensor: str) -> Heads | str | None:
     """K^T [B, H, d, S]: Transpose([0, 1, 3, 2]) of the heads, Transpose([0, 2, 3, 1]) of the Reshape,
     or the heads' last two axes swapped through rank 3 (torch's dynamo export of ``k.transpose(-2, -1)``)."""
-    tr = producer(ix, tensor, "Transpose")
+    tr = ix.parent(tensor, "Transpose")
     if tr is not None:
         if tuple(attr(tr, "perm", ())) == (0, 1, 3, 2):
             k = heads(ix, tr.input[0])
@@ -302,9 +297,9 @@ def key_transposed(ix: GraphIndex, tensor: str) -> Heads | str | None:
             return k
         return heads(ix, tensor, perm=(0, 2, 3, 1))
     # Reshape(Transpose(Reshape(K, [-1, S, d]), [0, 2, 1]), [B, H, d, S]) -> Transpose(K, [0, 1, 3, 2])
-    outer = producer(ix, tensor, "Reshape")
-    middle = None if outer is None else producer(ix, outer.input[0], "Transpose")
-    inner = None if middle is None else producer(ix, middle.input[0], "Reshape")
+    outer = ix.parent(tensor, "Reshape")
+    middle = None if outer is None else ix.parent(outer.input[0], "Transpose")
+    inner = None if middle is None else ix.parent(middle.input[0], "Reshape")
     if outer is None or middle is None or inner is None or tuple(attr(middle, "perm", ())) != (0, 2, 1):
         return None
     k = heads(ix, inner.input[0])
@@ -332,8 +327,8 @@ def nan_guard(ix: GraphIndex, probs: str) -> tuple[list[onnx.NodeProto], str]:
     isnan = next((n for n in users if n.op_type == "IsNaN"), None)
     if isnan is None or len(users) != 2 or probs in ix.graph_outputs:
         return [], probs
-    where = ix.only_consumer(isnan.output[0])
-    if (where is None or where.op_type != "Where" or list(where.input[::2]) != [isnan.output[0], probs]
+    where = ix.child(isnan.output[0], "Where", domain=None)
+    if (where is None or list(where.input[::2]) != [isnan.output[0], probs]
             or not any(u is where for u in users) or scalar(ix, where.input[1]) != 0.0):
         return [], probs
     return [isnan, where], where.output[0]
@@ -343,7 +338,7 @@ def finite_mask(ix: GraphIndex, mask: str) -> bool:
     """The additive mask is provably finite: none, or Where(c, a, b) of finite constants a and b."""
     if not mask:
         return True
-    where = producer(ix, mask, "Where")
+    where = ix.parent(mask, "Where")
     branches = [] if where is None else [ix.const(t) for t in where.input[1:]]
     return bool(branches) and all(b is not None and bool(np.isfinite(b).all()) for b in branches)
 
@@ -392,14 +387,14 @@ def _only_reader(ix: GraphIndex, tensor: str) -> onnx.NodeProto | None:
 
 def _unsqueezed_mask(ix: GraphIndex, tensor: str) -> str | None:
     """The [B, S] mask behind Unsqueeze(m, [1, 2]) or Unsqueeze(Unsqueeze(m, 1), 2)."""
-    u = producer(ix, tensor, "Unsqueeze")
+    u = ix.parent(tensor, "Unsqueeze")
     if u is None:
         return None
     axes = _axes(ix, u)
     if axes == [1, 2]:
         return u.input[0]
     if axes == [2]:
-        inner = producer(ix, u.input[0], "Unsqueeze")
+        inner = ix.parent(u.input[0], "Unsqueeze")
         if inner is not None and _axes(ix, inner) == [1]:
             return inner.input[0]
     return None
@@ -415,14 +410,14 @@ def _axes(ix: GraphIndex, node: onnx.NodeProto) -> list[int] | None:
 
 def _one_minus_mask(ix: GraphIndex, tensor: str) -> str | None:
     """The [B, S] mask m behind ``1 - Cast(Unsqueeze(m))`` (or with an Expand after the Unsqueeze)."""
-    sub = producer(ix, tensor, "Sub")
+    sub = ix.parent(tensor, "Sub")
     if sub is None or scalar(ix, sub.input[0]) != 1.0:
         return None
-    cast = producer(ix, sub.input[1], "Cast")
+    cast = ix.parent(sub.input[1], "Cast")
     if cast is None or attr(cast, "to") != onnx.TensorProto.FLOAT:
         return None
     source = cast.input[0]
-    expand = producer(ix, source, "Expand")
+    expand = ix.parent(source, "Expand")
     if expand is not None:
         source = expand.input[0]
     return _unsqueezed_mask(ix, source)
@@ -432,8 +427,8 @@ def padding_mask(ix: GraphIndex, bias: str) -> tuple[str, float] | None:
     """(attention_mask, the value added where it is 0) when the additive mask ``bias`` is built from a
     [batch, seq] integer or bool mask as the exporters write it, else None."""
     found: tuple[str | None, float | None] = (None, None)
-    mul = producer(ix, bias, "Mul")
-    where = producer(ix, bias, "Where")
+    mul = ix.parent(bias, "Mul")
+    where = ix.parent(bias, "Where")
     if mul is not None:
         for i in (0, 1):
             c = scalar(ix, mul.input[1 - i])
@@ -441,7 +436,7 @@ def padding_mask(ix: GraphIndex, bias: str) -> tuple[str, float] | None:
                 found = (_one_minus_mask(ix, mul.input[i]), c)
                 break
     elif where is not None:
-        cond = producer(ix, where.input[0], "Cast")
+        cond = ix.parent(where.input[0], "Cast")
         c = scalar(ix, where.input[1])
         if cond is not None and attr(cond, "to") == onnx.TensorProto.BOOL and cond.input[0] == where.input[2]:
             found = (_one_minus_mask(ix, where.input[2]), c)

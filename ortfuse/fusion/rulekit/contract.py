@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Union, cast
+
+from ortfuse.ir.links import ONNX_DOMAINS
 
 if TYPE_CHECKING:
     import onnx
@@ -16,10 +18,35 @@ if TYPE_CHECKING:
     from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
     from ortfuse.ir.graph import GraphIndex
 
-# (graph, anchor node) -> a Match, a Reject with its reason, or None (not a candidate here)
+# (graph, anchor node) -> a Match, a Reject with its reason, or None (not a candidate here). Called only
+# at nodes its rule's ``anchor`` admits; the graph is the index, or its near-miss view (``ix.near_miss``)
+# when the rewriter asks why a None was not a candidate (``fusion.match.explain_near_miss``)
 Matcher = Callable[["GraphIndex", "onnx.NodeProto"], Union["Match", "Reject", None]]
 # (graph, match) -> True when every kernel of the match computes bit for bit what ORT computes
 BitExact = Callable[["GraphIndex", "Match"], bool]
+
+
+class Anchor:
+    """The nodes a rule's matcher is tried at: one of ``op_types``, in the ONNX domain ("" or
+    "ai.onnx") when ``onnx_only``, else in any domain. The match step passes no other node to it."""
+
+    def __init__(self, *op_types: str, onnx_only: bool = False) -> None:
+        if not op_types:
+            raise ValueError("an Anchor names at least one op type")
+        self.op_types = frozenset(op_types)
+        self.onnx_only = onnx_only
+
+    def admits(self, node: onnx.NodeProto) -> bool:
+        return node.op_type in self.op_types and (not self.onnx_only or node.domain in ONNX_DOMAINS)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Anchor) and (self.op_types, self.onnx_only) == (other.op_types, other.onnx_only)
+
+    def __hash__(self) -> int:
+        return hash((self.op_types, self.onnx_only))
+
+    def __repr__(self) -> str:
+        return f"Anchor({', '.join(map(repr, sorted(self.op_types)))}{', onnx_only=True' if self.onnx_only else ''})"
 
 
 @dataclass(frozen=True)
@@ -77,7 +104,8 @@ class Example:
 @dataclass(frozen=True)
 class PatternRule:
     """One fusion pattern. ``order``: priority, lower first (an earlier pattern claims nodes first);
-    ``matcher`` is tried at every unclaimed node in graph order; ``specs``: the fused op(s) its
+    ``anchor``: the nodes its matcher starts from (an ``Anchor``; a str names one op type, any domain);
+    ``matcher`` is tried at every unclaimed anchor in graph order; ``specs``: the fused op(s) its
     matches name (``Match.op``), each with its numpy reference; ``native`` and ``lowering``: the
     kernels beyond the reference that serve them; ``explains_near_misses``: a candidate missed only
     because an intermediate tensor is used elsewhere is reported with that reason;
@@ -87,6 +115,7 @@ class PatternRule:
 
     id: str
     order: int
+    anchor: Anchor | str
     matcher: Matcher
     specs: tuple[OpSpec, ...]
     examples: tuple[Example, ...]
@@ -97,6 +126,8 @@ class PatternRule:
     bit_exact: BitExact | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.anchor, str):
+            object.__setattr__(self, "anchor", Anchor(self.anchor))
         names = {s.name for s in self.specs}
         wrong = [s.name for s in self.specs if s.pattern_id != self.id]
         wrong += [k.name for k in self.native if k.op not in names]
@@ -105,3 +136,7 @@ class PatternRule:
             raise ValueError(f"rule {self.id}: no spec, or {wrong} name a spec of another pattern")
         if not any(e.reason is None for e in self.examples) or not any(e.reason is not None for e in self.examples):
             raise ValueError(f"rule {self.id}: needs a matching example and a near-miss example")
+
+    def is_anchor(self, node: onnx.NodeProto) -> bool:
+        """Whether the matcher is tried at ``node``: ``anchor`` admits it."""
+        return cast(Anchor, self.anchor).admits(node)

@@ -32,11 +32,6 @@ def _near(ix: GraphIndex, name: str, value: float) -> bool:
     return ix.is_scalar_const(name, value, rtol=1e-4)
 
 
-def _next(ix: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
-    node = ix.only_consumer(tensor)
-    return node if node is not None and node.op_type == op_type else None
-
-
 def _consumers(ix: GraphIndex, x: str, op_type: str) -> list[onnx.NodeProto]:
     return [n for n in ix.consumers_of(x) if n.op_type == op_type]
 
@@ -58,7 +53,7 @@ def clip_bounds(ix: GraphIndex, node: onnx.NodeProto) -> tuple[float, float] | N
 
 
 def _times_x(ix: GraphIndex, tensor: str, x: str) -> onnx.NodeProto | None:
-    node = _next(ix, tensor, "Mul")
+    node = ix.child(tensor, "Mul", domain=None)
     return node if node is not None and ix.other_input(node, tensor) == x else None
 
 
@@ -69,7 +64,7 @@ def match_product_half_x(ix: GraphIndex, start: str, x: str) -> tuple[list[onnx.
     factors: set[str] = set()
     cur = start
     for _ in range(2):
-        mul = _next(ix, cur, "Mul")
+        mul = ix.child(cur, "Mul", domain=None)
         if mul is None:
             return None
         other = ix.other_input(mul, cur)
@@ -78,8 +73,8 @@ def match_product_half_x(ix: GraphIndex, start: str, x: str) -> tuple[list[onnx.
         elif _near(ix, other, 0.5):
             factors.add("half")
         else:
-            half_x = ix.producer.get(other)
-            if (half_x is None or half_x.op_type != "Mul" or x not in half_x.input
+            half_x = ix.parent(other, "Mul", domain=None)
+            if (half_x is None or x not in half_x.input
                     or not _near(ix, ix.other_input(half_x, x) or "", 0.5)):
                 return None
             factors |= {"x", "half"}
@@ -99,8 +94,8 @@ def match_gelu_erf(ix: GraphIndex, x: str) -> Epilogue | None:
                 continue
         elif not _near(ix, ix.other_input(scale, x) or "", 1.0 / SQRT2):
             continue
-        erf = _next(ix, scale.output[0], "Erf")
-        one = erf and _next(ix, erf.output[0], "Add")
+        erf = ix.child(scale.output[0], "Erf", domain=None)
+        one = erf and ix.child(erf.output[0], "Add", domain=None)
         if not one or not _near(ix, ix.other_input(one, erf.output[0]), 1.0):
             continue
         tail = match_product_half_x(ix, one.output[0], x)
@@ -121,17 +116,17 @@ def match_gelu_tanh(ix: GraphIndex, x: str) -> Epilogue | None:
             if cube is not None:
                 cubes.append(([sq, cube], cube.output[0]))
     for nodes, cube_out in cubes:
-        scaled = _next(ix, cube_out, "Mul")
+        scaled = ix.child(cube_out, "Mul", domain=None)
         if not scaled or not _near(ix, ix.other_input(scaled, cube_out), 0.044715):
             continue
-        inner = _next(ix, scaled.output[0], "Add")
+        inner = ix.child(scaled.output[0], "Add", domain=None)
         if not inner or ix.other_input(inner, scaled.output[0]) != x:
             continue
-        k = _next(ix, inner.output[0], "Mul")
+        k = ix.child(inner.output[0], "Mul", domain=None)
         if not k or not _near(ix, ix.other_input(k, inner.output[0]), SQRT_2_OVER_PI):
             continue
-        tanh = _next(ix, k.output[0], "Tanh")
-        one = tanh and _next(ix, tanh.output[0], "Add")
+        tanh = ix.child(k.output[0], "Tanh", domain=None)
+        one = tanh and ix.child(tanh.output[0], "Add", domain=None)
         if not one or not _near(ix, ix.other_input(one, tanh.output[0]), 1.0):
             continue
         tail = match_product_half_x(ix, one.output[0], x)
@@ -142,7 +137,7 @@ def match_gelu_tanh(ix: GraphIndex, x: str) -> Epilogue | None:
 
 def match_gelu(ix: GraphIndex, x: str) -> Epilogue | None:
     """ONNX Gelu (opset 20), or its erf or tanh decompositions."""
-    op = _next(ix, x, "Gelu")
+    op = ix.child(x, "Gelu", domain=None)
     if op is not None:
         approximate = attr(op, "approximate", b"none")
         approximate = approximate.decode(errors="replace") if isinstance(approximate, bytes) else str(approximate)
@@ -167,7 +162,7 @@ def hardsigmoid_as_hardswish(alpha: float, beta: float) -> dict | None:
 
 def match_hardswish(ix: GraphIndex, x: str) -> Epilogue | None:
     """x * HardSigmoid(x), the HardSwish op, or x * Clip(x + 3, 0, 6) / 6 (Div before or after Mul)."""
-    op = _next(ix, x, "HardSwish")
+    op = ix.child(x, "HardSwish", domain=None)
     if op is not None:
         return Epilogue("hardswish", [op], op.output[0], 1.0 / 6.0, 0.5)
     for hs in _consumers(ix, x, "HardSigmoid"):
@@ -191,18 +186,18 @@ def match_hardswish_decomposed(ix: GraphIndex, x: str):
         a = ix.const(other) if other else None
         if a is None or a.size != 1 or a.ndim > 1:
             continue
-        clip = _next(ix, add.output[0], "Clip")
+        clip = ix.child(add.output[0], "Clip", domain=None)
         bounds = clip and clip_bounds(ix, clip)
         if not bounds:
             continue
-        div = _next(ix, clip.output[0], "Div")
+        div = ix.child(clip.output[0], "Div", domain=None)
         if div is not None and div.input[0] == clip.output[0]:
             d = ix.const(div.input[1])
             mul = _times_x(ix, div.output[0], x)
             if d is not None and d.size == 1 and d.ndim <= 1 and mul is not None:
                 return [add, clip, div, mul], mul.output[0], (float(a.reshape(-1)[0]), *bounds, float(d.reshape(-1)[0]))
         mul = _times_x(ix, clip.output[0], x)
-        div = mul and _next(ix, mul.output[0], "Div")
+        div = mul and ix.child(mul.output[0], "Div", domain=None)
         if div is not None and div.input[0] == mul.output[0]:
             d = ix.const(div.input[1])
             if d is not None and d.size == 1 and d.ndim <= 1:

@@ -27,11 +27,6 @@ class LayerNorm:
     epsilon: float
 
 
-def _one(ix: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
-    node = ix.only_consumer(tensor)
-    return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
-
-
 def _last_axis(ix: GraphIndex, node: onnx.NodeProto, rank: int | None) -> bool:
     """A ReduceMean over the last axis only, keeping it (axes as attribute or, opset 18, input)."""
     if len(node.input) > 1 and node.input[1]:
@@ -86,15 +81,15 @@ def layer_norm(ix: GraphIndex, x: str) -> LayerNorm | None:
     pow_, div = readers["Pow"], readers["Div"]
     if pow_.input[0] != sub.output[0] or _scalar(ix, pow_.input[1]) != 2.0 or div.input[0] != sub.output[0]:
         return None
-    var = _one(ix, pow_.output[0], "ReduceMean")
-    add = _one(ix, var.output[0], "Add") if var is not None and _last_axis(ix, var, rank) else None
+    var = ix.child(pow_.output[0], "ReduceMean")
+    add = ix.child(var.output[0], "Add") if var is not None and _last_axis(ix, var, rank) else None
     eps = None if add is None else _scalar(ix, ix.other_input(add, var.output[0]) or "")  # type: ignore[union-attr]
-    sqrt = _one(ix, add.output[0], "Sqrt") if add is not None and eps is not None else None
+    sqrt = ix.child(add.output[0], "Sqrt") if add is not None and eps is not None else None
     if sqrt is None or div.input[1] != sqrt.output[0]:
         return None
-    mul = _one(ix, div.output[0], "Mul")
+    mul = ix.child(div.output[0], "Mul")
     gamma = None if mul is None else _vector(ix, mul, div.output[0])
-    shift = _one(ix, mul.output[0], "Add") if mul is not None and gamma is not None else None
+    shift = ix.child(mul.output[0], "Add") if mul is not None and gamma is not None else None
     beta = None if shift is None else _vector(ix, shift, mul.output[0])  # type: ignore[union-attr]
     if shift is None or beta is None or gamma is None or beta.shape != gamma.shape:
         return None

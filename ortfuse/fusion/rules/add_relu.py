@@ -18,10 +18,8 @@ ID = "add_relu"
 
 # Add(a, b) -> Relu   ->   FusedAddRelu(a, b)        (a and b both computed at run time)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if anchor.op_type != "Add" or len(anchor.input) != 2:
-        return None
-    relu = ix.only_consumer(anchor.output[0])
-    if relu is None or relu.op_type != "Relu":
+    relu = ix.child(anchor.output[0], "Relu", domain=None)
+    if len(anchor.input) != 2 or relu is None:
         return None
     a, b = anchor.input
     if ix.const(a) is not None or ix.const(b) is not None:
@@ -41,6 +39,7 @@ def _add_relu(elem: int = onnx.TensorProto.FLOAT, sum_is_output: bool = False) -
 
 
 RULE = PatternRule(
+    anchor="Add",
     id=ID, order=40, matcher=match, specs=(SPEC,), native=NATIVE, yields_to_ort=True,
     # float32 a + b then max(., 0): one IEEE add and a select, ORT's bits; float16 kernels round differently
     bit_exact=lambda ix, m: m.dtype == "float32",

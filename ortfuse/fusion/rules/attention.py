@@ -48,12 +48,11 @@ from ortfuse.fusion.rulekit.attention import (
     merge_heads,
     nan_guard,
     padding_mask,
-    producer,
     scalar,
     shape_nodes,
 )
 from ortfuse.fusion.rulekit.checks import attr, float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, LoweringForm, PatternRule
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
@@ -67,7 +66,7 @@ def _scores(ix: GraphIndex, tensor: str):
     the product or by Mul on both operands; None when it is not such a product."""
     factor, nodes = 1.0, []
     for op in ("Div", "Mul"):
-        n = producer(ix, tensor, op)
+        n = ix.parent(tensor, op)
         if n is None:
             continue
         c = scalar(ix, n.input[1])
@@ -78,12 +77,12 @@ def _scores(ix: GraphIndex, tensor: str):
             return None
         factor, nodes, tensor = (1.0 / c if op == "Div" else c), [n], data
         break
-    mm = producer(ix, tensor, "MatMul")
+    mm = ix.parent(tensor, "MatMul")
     if mm is None:
         return None
     operands = []
     for side in mm.input:
-        mul = producer(ix, side, "Mul")
+        mul = ix.parent(side, "Mul")
         c = None if mul is None else scalar(ix, mul.input[1])
         if mul is not None and c is not None:
             factor, side = factor * c, mul.input[0]
@@ -112,11 +111,9 @@ def _mask_problem(ix: GraphIndex, mask: str, h: int) -> str:
 # x -> MatMul+Add (Q, K, V) -> Reshape -> Transpose -> Q K^T * scale + mask -> Softmax -> @ V
 #   -> Transpose -> Reshape   ->   FusedAttention(x, W_qkv, b_qkv, mask; num_heads, scale)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if anchor.op_type != "Softmax" or anchor.domain not in ("", "ai.onnx"):
-        return None
     if attr(anchor, "axis", -1 if ix.opset >= 13 else 1) not in (-1, 3):
         return None
-    pre = producer(ix, anchor.input[0], "Add")
+    pre = ix.parent(anchor.input[0], "Add")
     candidates = [(pre.input[i], pre.input[1 - i]) for i in (0, 1)] if pre is not None else []
     found = next(((s, m, r) for s, m in candidates if (r := _scores(ix, s)) is not None), None)
     if found is None:
@@ -128,8 +125,8 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     q, k = heads(ix, q_side), key_transposed(ix, k_side)
     # Softmax -> Where(IsNaN(p), 0, p) -> MatMul   ->   the fused op, its NaN entries set to 0 (nan_to_zero)
     guard, probs = nan_guard(ix, anchor.output[0])
-    out_mm = ix.only_consumer(probs)
-    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.input[0] != probs:
+    out_mm = ix.child(probs, "MatMul", domain=None)
+    if out_mm is None or out_mm.input[0] != probs:
         readers = sorted({n.op_type for n in ix.consumers_of(probs)}) or ["nothing"]
         if isinstance(q, Heads) and isinstance(k, Heads) and readers != ["MatMul"]:  # say what else reads them
             return Reject(ID, [anchor], f"the attention probabilities are read by {', '.join(readers)}, not "
@@ -512,6 +509,7 @@ def _sdpa_example(exporter: str = "torchscript", swap: bool = False, guard_fill:
 
 
 RULE = PatternRule(
+    anchor=Anchor("Softmax", onnx_only=True),
     id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC), lowering=LOWERING,
     examples=(
         Example("torchscript_bert_attention", _example),

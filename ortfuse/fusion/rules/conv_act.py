@@ -192,6 +192,7 @@ def _affine_then_conv(pads: int = 0, group: int = 1, kernel: int = 1, x_channels
 
 
 RULE = PatternRule(
+    anchor="Conv",  # conv_core starts at a Conv
     id=ID, order=20, matcher=match, specs=(SPEC,), lowering=LOWERING,
     examples=(
         Example("conv_bn_relu", lambda: _conv_then_ops("BatchNormalization", "Relu")),

@@ -122,6 +122,7 @@ def _residual_block(residual_shape: list[int], sum_is_output: bool = False) -> o
 
 
 RULE = PatternRule(
+    anchor="Conv",  # conv_core starts at a Conv
     id=ID, order=10, matcher=match, specs=(SPEC,), lowering=LOWERING,
     examples=(
         Example("conv_residual_relu", lambda: _residual_block([1, 4, 7, 9])),

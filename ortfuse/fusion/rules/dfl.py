@@ -14,27 +14,20 @@ group.
 
 from __future__ import annotations
 
-from typing import TypeGuard
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import attr, float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, LoweringForm, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.lowering import Context, node
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
 ID = "dfl"
-_ONNX_DOMAINS = ("", "ai.onnx")
 _SWAP = [0, 2, 1, 3]
-
-
-def _is(n: onnx.NodeProto | None, op_type: str) -> TypeGuard[onnx.NodeProto]:
-    return n is not None and n.op_type == op_type and n.domain in _ONNX_DOMAINS
 
 
 def _conv_problem(ix: GraphIndex, conv: onnx.NodeProto) -> str:
@@ -55,14 +48,12 @@ def _conv_problem(ix: GraphIndex, conv: onnx.NodeProto) -> str:
 
 # Transpose(X[B, G, R, A], perm 0,2,1,3) -> Softmax(axis 1) -> Conv(W[1, R, 1, 1], 1x1)   ->   FusedDFL(X, W[R])
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if not _is(anchor, "Transpose") or list(attr(anchor, "perm", [])) != _SWAP:
+    if list(attr(anchor, "perm", [])) != _SWAP:
         return None
-    softmax = ix.only_consumer(anchor.output[0])
-    if not _is(softmax, "Softmax"):
+    path = ix.child_path(anchor.output[0], ["Softmax", ("Conv", 0)])
+    if path is None:
         return None
-    conv = ix.only_consumer(softmax.output[0])
-    if not _is(conv, "Conv") or conv.input[0] != softmax.output[0]:
-        return None
+    softmax, conv = path
     nodes = [anchor, softmax, conv]
     x, out = anchor.input[0], conv.output[0]
     axis = attr(softmax, "axis", -1 if ix.opset >= 13 else 1)
@@ -141,6 +132,7 @@ def _head(axis: int = 1, bias: bool = False, softmax_out: bool = False, opset: i
 
 
 RULE = PatternRule(
+    anchor=Anchor("Transpose", onnx_only=True),
     id=ID, order=45, matcher=match, specs=(SPEC,), native=NATIVE, lowering=LOWERING,
     examples=(
         Example("ultralytics_dfl", _head),

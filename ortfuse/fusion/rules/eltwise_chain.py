@@ -12,7 +12,7 @@ from onnx import helper
 from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.specs import MAX_CHAIN_OPERANDS, OpSpec
 from ortfuse.fusion.rulekit.checks import attr, checked_elementwise, float32_problem
-from ortfuse.fusion.rulekit.contract import Example, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.epilogues import clip_bounds
 from ortfuse.fusion.rulekit.examples import model
 from ortfuse.fusion.rulekit.result import Match, Reject
@@ -131,6 +131,7 @@ def _chain(elem: int = onnx.TensorProto.FLOAT, ops: tuple[str, ...] = ("Mul", "A
 
 
 RULE = PatternRule(
+    anchor=Anchor(*sorted(UNARY | BINARY)),
     id=ID, order=90, matcher=match, specs=SPECS, native=NATIVE,
     explains_near_misses=False,  # a chain simply ends at a shared tensor: not a rejection
     yields_to_ort=True, bit_exact=bit_exact,

@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.attention import shape_nodes
 from ortfuse.fusion.rulekit.checks import attr, float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, LoweringForm, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.examples import layer_norm_nodes, model, weights
 from ortfuse.fusion.rulekit.layernorm import layer_norm, lowered_layer_norm
 from ortfuse.fusion.rulekit.lowering import Context, node
@@ -37,17 +37,12 @@ ID = "embed_layernorm"
 INPUTS = ("Ids", "TypeIds", "Word", "Types", "Positions", "Gamma", "Beta")
 
 
-def _op(ix: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
-    node_ = ix.producer.get(tensor)
-    return node_ if node_ is not None and node_.op_type == op_type and node_.domain in ("", "ai.onnx") else None
-
-
 def _summands(ix: GraphIndex, add: onnx.NodeProto) -> tuple[list[str], list[onnx.NodeProto]]:
     """The leaves of the tree of Adds ending in ``add`` (an inner Add read only by its parent is opened)."""
     leaves, adds, todo = [], [add], list(add.input)
     while todo:
         t = todo.pop(0)
-        inner = _op(ix, t, "Add")
+        inner = ix.parent(t, "Add")
         if inner is not None and len(inner.input) == 2 and ix.only_consumer(t) is not None and len(adds) < 2:
             adds.append(inner)
             todo += list(inner.input)
@@ -58,16 +53,16 @@ def _summands(ix: GraphIndex, add: onnx.NodeProto) -> tuple[list[str], list[onnx
 
 def _seq_of(ix: GraphIndex, tensor: str) -> str | None:
     """The tensor whose dim 1 ``tensor`` is, as [n]: Shape(x, start=1, end=2) or Unsqueeze(Gather(Shape(x), 1), 0)."""
-    shape = _op(ix, tensor, "Shape")
+    shape = ix.parent(tensor, "Shape")
     if shape is not None:
         return shape.input[0] if attr(shape, "start", 0) == 1 and attr(shape, "end") == 2 else None
-    unsq = _op(ix, tensor, "Unsqueeze")
-    gather = None if unsq is None else _op(ix, unsq.input[0], "Gather")
+    unsq = ix.parent(tensor, "Unsqueeze")
+    gather = None if unsq is None else ix.parent(unsq.input[0], "Gather")
     if unsq is None or gather is None or attr(gather, "axis", 0) != 0:
         return None
     axes = ix.const(unsq.input[1]) if len(unsq.input) > 1 else np.array(attr(unsq, "axes") or [])
     index = ix.const(gather.input[1])
-    shape = _op(ix, gather.input[0], "Shape")
+    shape = ix.parent(gather.input[0], "Shape")
     if axes is None or axes.reshape(-1).tolist() != [0] or index is None or index.shape != () or int(index) != 1:
         return None
     if shape is None or attr(shape, "start", 0) != 0 or attr(shape, "end") is not None:
@@ -77,7 +72,7 @@ def _seq_of(ix: GraphIndex, tensor: str) -> str | None:
 
 def _positions(ix: GraphIndex, slice_out: str) -> tuple[np.ndarray, str] | str:
     """(the position ids, the tensor giving the sequence length) of Slice(ids, [0], seq, [last axis], [1])."""
-    sl = _op(ix, slice_out, "Slice")
+    sl = ix.parent(slice_out, "Slice")
     if sl is None:
         return "the position ids are not a Slice of constant ids"
     ids = ix.const(sl.input[0])
@@ -98,7 +93,7 @@ def _positions(ix: GraphIndex, slice_out: str) -> tuple[np.ndarray, str] | str:
 
 
 def _gather(ix: GraphIndex, tensor: str) -> onnx.NodeProto | None:
-    g = _op(ix, tensor, "Gather")
+    g = ix.parent(tensor, "Gather")
     return g if g is not None and attr(g, "axis", 0) == 0 else None
 
 
@@ -115,7 +110,7 @@ def _ids_problem(ix: GraphIndex, ids: str) -> str:
 # Add(Add(Gather(word, ids), Gather(type, type_ids)), Gather(pos, Slice(position_ids, 0, seq))) -> LayerNorm
 #   ->   FusedEmbedLayerNorm(ids, type_ids, word, type, position[position_ids], gamma, beta)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if anchor.op_type != "Add" or anchor.domain not in ("", "ai.onnx") or len(anchor.input) != 2:
+    if len(anchor.input) != 2:
         return None
     ln = layer_norm(ix, anchor.output[0])
     if ln is None:
@@ -128,7 +123,7 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     hidden = ln.gamma.size
     if any(t is None or t.ndim != 2 or t.shape[1] != hidden for t in tables):
         return None
-    sliced = [_op(ix, g.input[1], "Slice") is not None for g in gathers]  # type: ignore[union-attr]
+    sliced = [ix.parent(g.input[1], "Slice") is not None for g in gathers]  # type: ignore[union-attr]
     nodes = adds + [g for g in gathers if g is not None] + ln.nodes
     if sum(sliced) != 1 or any(ix.const(g.input[1]) is not None for g, s in zip(gathers, sliced) if not s and g):
         return Reject(ID, nodes, "the embedding sum needs two Gathers of run-time ids (word, token type) and one of "
@@ -254,6 +249,7 @@ def _embeddings(opset: int = 17, dynamo: bool = True, position_ids: np.ndarray |
 
 
 RULE = PatternRule(
+    anchor=Anchor("Add", onnx_only=True),
     id=ID, order=33, matcher=match, specs=(SPEC,), native=NATIVE, lowering=LOWERING,
     examples=(
         Example("dynamo_layernormalization", lambda: _embeddings(18, dynamo=True)),

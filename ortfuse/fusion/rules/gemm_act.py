@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import attr, float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, LoweringForm, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.epilogues import SQRT2, Epilogue, match_gelu
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, epilogue, node, then
@@ -25,8 +25,8 @@ ID = "gemm_act"
 
 def _epilogue(ix: GraphIndex, x: str) -> Epilogue | None:
     """Relu | Gelu | Relu then Gelu, as one Epilogue."""
-    relu = ix.only_consumer(x)
-    if relu is not None and relu.op_type == "Relu":
+    relu = ix.child(x, "Relu", domain=None)
+    if relu is not None:
         gelu = match_gelu(ix, relu.output[0])
         if gelu is not None:
             return Epilogue("relu+" + gelu.kind, [relu] + gelu.nodes, gelu.output)
@@ -56,20 +56,18 @@ def _core(ix: GraphIndex, anchor: onnx.NodeProto):
                 return Reject(ID, [anchor], f"Gemm bias of shape {list(c.shape)} is not a per-column bias")
             bias = np.broadcast_to(c.astype(np.float64).reshape(-1), (n,)) * float(attr(anchor, "beta", 1.0))
         return [anchor], anchor.output[0], w, bias
-    if anchor.op_type == "MatMul":
-        w = ix.const(anchor.input[1])
-        if w is None or w.ndim != 2:
-            return None  # activation x activation MatMul (attention): not this pattern
-        n = w.shape[1]
-        nodes, out, bias = [anchor], anchor.output[0], np.zeros(n)
-        add = ix.only_consumer(out)
-        if add is not None and add.op_type == "Add":
-            b = ix.const(ix.other_input(add, out) or "")
-            x_rank = len(ix.shape(anchor.input[0]) or []) or 2  # MatMul output rank = x's rank (x rank >= 2)
-            if b is not None and b.size == n and b.ndim <= x_rank and all(d == 1 for d in b.shape[:-1]):
-                nodes, out, bias = nodes + [add], add.output[0], b.astype(np.float64).reshape(n)
-        return nodes, out, w.astype(np.float64), bias
-    return None
+    w = ix.const(anchor.input[1])  # a MatMul
+    if w is None or w.ndim != 2:
+        return None  # activation x activation MatMul (attention): not this pattern
+    n = w.shape[1]
+    nodes, out, bias = [anchor], anchor.output[0], np.zeros(n)
+    add = ix.child(out, "Add", domain=None)
+    if add is not None:
+        b = ix.const(ix.other_input(add, out) or "")
+        x_rank = len(ix.shape(anchor.input[0]) or []) or 2  # MatMul output rank = x's rank (x rank >= 2)
+        if b is not None and b.size == n and b.ndim <= x_rank and all(d == 1 for d in b.shape[:-1]):
+            nodes, out, bias = nodes + [add], add.output[0], b.astype(np.float64).reshape(n)
+    return nodes, out, w.astype(np.float64), bias
 
 
 # Gemm | MatMul [-> Add(bias)] -> Relu | Gelu | Relu -> Gelu   ->   FusedGemmAct(X, W', b')
@@ -217,6 +215,7 @@ def _gemm_gelu(trans_a: int = 0) -> onnx.ModelProto:
 
 
 RULE = PatternRule(
+    anchor=Anchor("Gemm", "MatMul"),
     id=ID, order=30, matcher=match, specs=(SPEC,), native=NATIVE, lowering=LOWERING,
     examples=(
         Example("matmul_add_relu_3d", _matmul_add_relu),

@@ -10,7 +10,7 @@ from onnx import helper
 from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import attr, checked_elementwise
-from ortfuse.fusion.rulekit.contract import Example, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.epilogues import hardsigmoid_as_hardswish, match_hardswish_decomposed
 from ortfuse.fusion.rulekit.examples import model
 from ortfuse.fusion.rulekit.result import Match, Reject
@@ -23,16 +23,14 @@ ID = "hardswish"
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     if anchor.op_type == "HardSigmoid":
         x = anchor.input[0]
-        mul = ix.only_consumer(anchor.output[0])
-        if mul is None or mul.op_type != "Mul" or ix.other_input(mul, anchor.output[0]) != x:
+        mul = ix.child(anchor.output[0], "Mul", domain=None)
+        if mul is None or ix.other_input(mul, anchor.output[0]) != x:
             return None
         params = hardsigmoid_as_hardswish(float(attr(anchor, "alpha", 0.2)), float(attr(anchor, "beta", 0.5)))
         if params is None:
             return None  # not a HardSwish; an eltwise_chain may still take it
         return checked_elementwise(ix, Match(ID, "FusedHardSwish", [anchor, mul], [x], mul.output[0], params), x)
-    if anchor.op_type != "Add":
-        return None
-    for x in anchor.input:
+    for x in anchor.input:  # an Add
         found = match_hardswish_decomposed(ix, x)
         if found is not None and found[0][0] is anchor:
             nodes, out, (add, lo, hi, div) = found
@@ -63,6 +61,7 @@ def _hardsigmoid_mul() -> onnx.ModelProto:
 
 
 RULE = PatternRule(
+    anchor=Anchor("HardSigmoid", "Add"),
     id=ID, order=50, matcher=match, specs=(SPEC,), native=NATIVE,
     examples=(
         Example("add_clip_div_mul", _decomposed),

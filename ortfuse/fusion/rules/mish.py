@@ -9,39 +9,28 @@ kernel for it and runs its function body, the same three ops (the optimized mode
 
 from __future__ import annotations
 
-from typing import TypeGuard
-
 import numpy as np
 import onnx
 from onnx import helper
 
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import checked_elementwise
-from ortfuse.fusion.rulekit.contract import Example, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.examples import model
 from ortfuse.fusion.rulekit.result import Match, Reject
 from ortfuse.ir.graph import GraphIndex
 
 ID = "mish"
-_ONNX_DOMAINS = ("", "ai.onnx")
-
-
-def _is(node: onnx.NodeProto | None, op_type: str) -> TypeGuard[onnx.NodeProto]:
-    return node is not None and node.op_type == op_type and node.domain in _ONNX_DOMAINS
 
 
 def _softplus(ix: GraphIndex, anchor: onnx.NodeProto) -> tuple[str, list[onnx.NodeProto], str, str | None] | None:
     """(x, nodes, softplus output, c) of Softplus(x) (c None) or Log(Add(Exp(x), c)) (c: Add's other operand)."""
-    if _is(anchor, "Softplus"):
+    if anchor.op_type == "Softplus":
         return anchor.input[0], [anchor], anchor.output[0], None
-    if not _is(anchor, "Exp"):
+    path = ix.child_path(anchor.output[0], ["Add", "Log"])  # from an Exp
+    if path is None:
         return None
-    add = ix.only_consumer(anchor.output[0])
-    if not _is(add, "Add"):
-        return None
-    log = ix.only_consumer(add.output[0])
-    if not _is(log, "Log"):
-        return None
+    add, log = path
     return anchor.input[0], [anchor, add, log], log.output[0], ix.other_input(add, anchor.output[0]) or ""
 
 
@@ -57,19 +46,17 @@ def _not_one(ix: GraphIndex, name: str) -> str:
 
 # Softplus(x) -> Tanh -> Mul(x)  |  Exp(x) -> Add(1) -> Log -> Tanh -> Mul(x)  |  Mish(x)   ->   FusedMish(x)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if _is(anchor, "Mish"):
+    if anchor.op_type == "Mish":
         x = anchor.input[0]
         return checked_elementwise(ix, Match(ID, "FusedMish", [anchor], [x], anchor.output[0]), x)
     found = _softplus(ix, anchor)
     if found is None:
         return None
     x, nodes, softplus, c = found
-    tanh = ix.only_consumer(softplus)
-    if not _is(tanh, "Tanh"):
+    path = ix.child_path(softplus, ["Tanh", "Mul"])
+    if path is None:
         return None
-    mul = ix.only_consumer(tanh.output[0])
-    if not _is(mul, "Mul"):
-        return None
+    tanh, mul = path
     nodes = [*nodes, tanh, mul]
     other = ix.other_input(mul, tanh.output[0])
     if other != x:
@@ -118,6 +105,7 @@ def _mish_op() -> onnx.ModelProto:
 
 
 RULE = PatternRule(
+    anchor=Anchor("Mish", "Softplus", "Exp", onnx_only=True),
     id=ID, order=70, matcher=match, specs=(SPEC,), native=NATIVE,
     examples=(
         Example("softplus_tanh_mul", _softplus_tanh_mul),

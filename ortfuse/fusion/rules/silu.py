@@ -19,8 +19,6 @@ ID = "silu"
 
 # Sigmoid(x) -> Mul(x)   ->   FusedSiLU(x)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if anchor.op_type != "Sigmoid":
-        return None
     epi = match_silu(ix, anchor.input[0])
     if epi is None or epi.nodes[0] is not anchor:
         return None
@@ -40,6 +38,7 @@ def _sigmoid_mul(times: str = "x", sigmoid_is_output: bool = False) -> onnx.Mode
 
 
 RULE = PatternRule(
+    anchor="Sigmoid",
     id=ID, order=60, matcher=match, specs=(SPEC,), native=NATIVE,
     examples=(
         Example("x_times_sigmoid_x", _sigmoid_mul),

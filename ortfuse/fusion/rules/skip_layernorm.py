@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import float32_problem, intermediate_problem
-from ortfuse.fusion.rulekit.contract import Example, LoweringForm, NativeKernel, PatternRule
+from ortfuse.fusion.rulekit.contract import Anchor, Example, LoweringForm, NativeKernel, PatternRule
 from ortfuse.fusion.rulekit.examples import layer_norm_nodes, model, weights
 from ortfuse.fusion.rulekit.layernorm import layer_norm, lowered_layer_norm
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
@@ -32,8 +32,8 @@ ID = "skip_layernorm"
 
 def _biased(ix: GraphIndex, tensor: str, hidden: int) -> tuple[str, np.ndarray | None, list[onnx.NodeProto]]:
     """(t, b, [Add]) when ``tensor`` = t + b with b a constant [hidden] read only here, else (tensor, None, [])."""
-    add = ix.producer.get(tensor)
-    if add is None or add.op_type != "Add" or ix.only_consumer(tensor) is None:
+    add = ix.parent(tensor, "Add", domain=None)
+    if add is None or ix.only_consumer(tensor) is None:
         return tensor, None, []
     for i in (0, 1):
         b = ix.const(add.input[i])
@@ -49,7 +49,7 @@ def _broadcasts(shape: list | None) -> bool:
 
 # Add(x, Add(bias, h)) -> LayerNormalization | ReduceMean..Add(beta)   ->   FusedSkipLayerNorm(h, x, gamma, beta, bias)
 def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
-    if anchor.op_type != "Add" or anchor.domain not in ("", "ai.onnx") or len(anchor.input) != 2:
+    if len(anchor.input) != 2:
         return None
     ln = layer_norm(ix, anchor.output[0])
     if ln is None:
@@ -150,6 +150,7 @@ def _residual_ln(decomposed: bool, skip_shape=(2, 5, 8), x_shape=(2, 5, 8)) -> o
 NATIVE = (NativeKernel("FusedSkipLayerNorm"),)
 
 RULE = PatternRule(
+    anchor=Anchor("Add", onnx_only=True),
     id=ID, order=35, matcher=match, specs=(SPEC,), native=NATIVE, lowering=LOWERING,
     examples=(
         Example("torchscript_decomposed", lambda: _residual_ln(True)),
