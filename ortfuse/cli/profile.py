@@ -24,6 +24,11 @@ def add_arguments(p) -> None:
                    help="pattern ids to fuse (default: the model's fusion_pattern_id, else all)")
     add_input_arguments(p)
     p.add_argument("--disable-all", action="store_true", help="also profile stock ORT_DISABLE_ALL")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads of every session, the peer's included (default 0: each runtime's default)")
+    p.add_argument("--peer", choices=["openvino"],
+                   help="also run OpenVINO's CPU plugin (f32, one stream, the same threads) in the same rounds: "
+                        "its wall time, its per-layer counters and what it fuses")
     p.add_argument("--out-dir", metavar="DIR",
                    help="write the raw traces (<config>.json), profile.json and profile.png")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -37,6 +42,12 @@ def run(args) -> int:
     try:
         if args.top < 1:
             raise ProfileError("--top must be at least 1")
+        if args.peer:
+            from ortfuse.bench.peers import available
+
+            missing = available(args.peer)
+            if missing:
+                raise ProfileError(missing)
         path = models.resolve(args.model)
         model = model_args.load(path)
         made = command_inputs(model, args)
@@ -44,7 +55,7 @@ def run(args) -> int:
             raise ProfileError(f"--out-dir {args.out_dir!r} exists and is not a directory")
         try:
             result = profile(model, made.feeds, args.runs, args.warmup, default_patterns(model, args.patterns),
-                             args.disable_all, args.out_dir, label=path)
+                             args.disable_all, args.out_dir, label=path, threads=args.threads, peer=args.peer)
         except ProfileError:
             raise
         except Exception as exc:  # noqa: BLE001 - stock ORT ran these inputs: the fused session is to blame

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from ortfuse.profiling.openvino_counters import OpenVinoProfile
 from ortfuse.profiling.run import FUSED, LABELS, ProfileResult
+
+PEER = "OpenVINO f32"
 
 
 def _ms(us: float) -> str:
@@ -28,11 +31,22 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
     rows: list[tuple] = [("configuration", "run (ms)", "in kernels (ms)", "node total (ms)", "nodes")]
     for p in r.profiles.values():
         rows.append((LABELS[p.config], _ms(p.run_us), _ms(p.kernel_run_us), _ms(p.node_us), len(p.nodes)))
+    ov = r.peer
+    if ov is not None:
+        rows.append((f"{PEER}, counters off", _ms(ov.wall_us), "-", "-", "-"))
+        rows.append((f"{PEER}, PERF_COUNT on", _ms(ov.counters_wall_us), _ms(ov.layers_run_us), _ms(ov.layer_us),
+                     len(ov.layers)))
     lines += _table(rows)
     lines.append("(run: median model_run; in kernels: median of each run's summed node times; node total: sum of "
                  "the nodes' medians, which the tables below split)")
+    if ov is not None:
+        lines.append(f"({PEER}: run is the wall-clock time of one infer() call; the model with counters off is the "
+                     "one to compare with ORT's runs. Its per-layer counters (real_time) come from the PERF_COUNT "
+                     "model and need not add up to its wall time: its shares below are of its layer total)")
     lines += ["", "time per op type (ms per run, share of the node total)"]
     cols = [(LABELS[p.config], p.by_op_type()[:top], p.node_us) for p in r.profiles.values()]
+    if ov is not None:
+        cols.append((f"{PEER} (layer types)", ov.by_layer_type()[:top], ov.layer_us))
     cells = [[f"{op} x{n}  {_ms(us)}  {_pct(us, total)}" for op, us, n in types] for _, types, total in cols]
     width = max([len(c[0]) for c in cols] + [len(x) for col in cells for x in col]) + 3
     lines.append("".join(c[0].ljust(width) for c in cols).rstrip())
@@ -71,5 +85,46 @@ def format_text(r: ProfileResult, top: int = 10) -> str:
             lines.append(f"{LABELS[config]}: {fused_part}{_ms(split.left_unfused_us)} ms in nodes ortfuse leaves "
                          f"unfused, {_ms(split.unmapped_us)} ms ({_pct(split.unmapped_us, total)}) unmapped"
                          + (f": {detail}" if detail else ""))
+    if ov is not None:
+        lines += _peer_lines(ov, top)
     lines += [""] + [f"note: {n}" for n in r.notes]
     return "\n".join(lines)
+
+
+def _peer_lines(ov: OpenVinoProfile, top: int) -> list[str]:
+    """OpenVINO's kernels, hottest layers, and what it runs as one layer beside ortfuse."""
+    lines = ["", f"{PEER} {ov.version}: precision {ov.precision}, {ov.threads} threads, one stream; "
+                 "kernels (layer type, exec_type; ms per run, share of its layer total)"]
+    rows: list[tuple] = [("kernel", "layers", "ms", "share")]
+    rows += [(k, n, _ms(us), _pct(us, ov.layer_us)) for k, us, n in ov.by_exec_type()[:top]]
+    lines += _table(rows)
+    lines += ["", f"hottest layers: {PEER} (~: ONNX node placed by position, see --json 'by_position')"]
+    rows = [("layer", "type", "kernel", "ms", "share", "does (ONNX nodes)")]
+    for n in ov.layers[:top]:
+        does = ",".join(("~" if c in n.by_position else "") + c for c in n.covers) or "-"
+        rows.append((n.name[:40], n.layer_type, n.exec_type, _ms(n.us), _pct(n.us, ov.layer_us), does[:100]))
+    lines += _table(rows)
+    mapped = sum(len(n.covers) for n in ov.layers)
+    placed = sum(len(n.by_position) for n in ov.layers)
+    left = ", ".join(f"{op} x{n}" for op, n in ov.uncovered_ops.items())
+    lines += ["", f"{PEER} layers doing several ONNX nodes, and how ortfuse runs the same nodes ({mapped} of "
+                  f"{mapped + len(ov.uncovered)} ONNX nodes but Constant mapped to a layer, {placed} by position; "
+                  f"{len(ov.uncovered)} in no executed layer: folded, optimized out or not recovered"
+                  + (f": {left})" if left else ")")]
+    if not ov.fusions:
+        lines.append("none")
+        return lines
+    rows = [("layers", "type", "ONNX ops", "ms", "ortfuse")]
+    rows += [(f.count, f.layer_type, f.onnx_ops, _ms(f.us), f.ortfuse) for f in ov.fusions]
+    lines += _table(rows)
+    gaps = [f for f in ov.fusions if f.ortfuse_kernels > 1]
+    if gaps:
+        lines += ["", f"{PEER} fuses what ortfuse runs as several kernels:"]
+        lines += [f"  {PEER}: {f.count} {f.onnx_ops} as one {f.layer_type}; ortfuse: {f.ortfuse}" for f in gaps]
+    if any("*" in f.ortfuse for f in ov.fusions):
+        lines.append("(*: no kernel of its own in ortfuse's ORT profile: ORT runs it inside one of its own fused "
+                     "kernels, or folded it)")
+    if any("+...)" in f.ortfuse for f in ov.fusions):
+        lines.append("(+...: the fused op also does nodes of other OpenVINO layers, e.g. an affine step folded into "
+                     "the next conv's input)")
+    return lines

@@ -22,6 +22,7 @@ import numpy as np
 from ortfuse.foundation.session_options import make_options
 from ortfuse.profiling.attribution import Attribution, attribute
 from ortfuse.profiling.names import NameMap
+from ortfuse.profiling.openvino_counters import OpenVinoPeer, OpenVinoProfile, compare_fusions
 from ortfuse.profiling.trace import NodeTime, Profile, ProfileError, read_trace
 
 CPU = ["CPUExecutionProvider"]
@@ -29,8 +30,8 @@ FUSED, ENABLE_ALL, DISABLE_ALL = "fused", "ort_enable_all", "ort_disable_all"
 LABELS = {FUSED: "ortfuse fused", ENABLE_ALL: "stock ORT_ENABLE_ALL", DISABLE_ALL: "stock ORT_DISABLE_ALL"}
 
 
-def _options(level: str, prefix: str | None):
-    so = make_options(level, spinning=False)
+def _options(level: str, prefix: str | None, threads: int = 0):
+    so = make_options(level, threads=threads, spinning=False)
     if prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = prefix
@@ -64,37 +65,49 @@ class ProfileResult:
     attributions: list[Attribution]
     fusion_reason: str = ""
     notes: list[str] = field(default_factory=list)
+    threads: int = 0  # intra-op threads asked of every session (0: each runtime's default)
+    peer: OpenVinoProfile | None = None  # --peer openvino
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1, patterns=None,
-            disable_all: bool = False, trace_dir: str | None = None, label: str = "") -> ProfileResult:
-    """Profile ``model`` (an ``onnx.ModelProto``) fused and unfused on ``feeds``.
+            disable_all: bool = False, trace_dir: str | None = None, label: str = "", threads: int = 0,
+            peer: str | None = None) -> ProfileResult:
+    """Profile ``model`` (an ``onnx.ModelProto``) fused and unfused on ``feeds``, with ``threads``
+    intra-op threads (0: ORT's default); ``peer="openvino"`` adds OpenVINO's CPU plugin in the same
+    rounds (``profiling.openvino_counters``).
 
     Raw traces are kept in ``trace_dir`` as ``<config>.json`` when it is given."""
     import onnxruntime as ort
 
     import ortfuse
 
-    if runs < 1 or warmup < 0:
-        raise ProfileError("--runs must be at least 1 and --warmup not negative")
+    if runs < 1 or warmup < 0 or threads < 0:
+        raise ProfileError("--runs must be at least 1, --warmup and --threads not negative")
+    if peer not in (None, "openvino"):
+        raise ProfileError(f"unknown peer {peer!r}; profile knows: openvino")
     data = model.SerializeToString()
     out_names = [o.name for o in model.graph.output]
     with tempfile.TemporaryDirectory(prefix="ortfuse-profile-") as tmp:
         sessions = {}
-        sessions[FUSED] = ortfuse.InferenceSession(data, _options("ORT_ENABLE_ALL", os.path.join(tmp, FUSED)),
-                                                   providers=CPU, fusion=True, fusion_patterns=patterns)
-        sessions[ENABLE_ALL] = ort.InferenceSession(data, _options("ORT_ENABLE_ALL", os.path.join(tmp, ENABLE_ALL)),
-                                                    providers=CPU)
+        sessions[FUSED] = ortfuse.InferenceSession(
+            data, _options("ORT_ENABLE_ALL", os.path.join(tmp, FUSED), threads), providers=CPU, fusion=True,
+            fusion_patterns=patterns)
+        sessions[ENABLE_ALL] = ort.InferenceSession(
+            data, _options("ORT_ENABLE_ALL", os.path.join(tmp, ENABLE_ALL), threads), providers=CPU)
         if disable_all:
             sessions[DISABLE_ALL] = ort.InferenceSession(
-                data, _options("ORT_DISABLE_ALL", os.path.join(tmp, DISABLE_ALL)), providers=CPU)
-        order = list(sessions)
-        for i in range(warmup + runs):  # A B B A: each session runs first as often as last
+                data, _options("ORT_DISABLE_ALL", os.path.join(tmp, DISABLE_ALL), threads), providers=CPU)
+        steps = {name: (lambda counted, s=s: s.run(out_names, feeds)) for name, s in sessions.items()}
+        ov = _openvino_peer(data, feeds, threads) if peer else None
+        if ov is not None:
+            steps.update({w: (lambda counted, w=w: ov.step(w, counted)) for w in (ov.WALL, ov.COUNTERS)})
+        order = list(steps)
+        for i in range(warmup + runs):  # A B B A: each configuration runs first as often as last
             for name in (order if i % 2 == 0 else order[::-1]):
-                sessions[name].run(out_names, feeds)
+                steps[name](i >= warmup)
         traces = {name: s.end_profiling() for name, s in sessions.items()}
         report = sessions[FUSED].fusion_report
         optimized = _ort_optimized_graph(data, tmp)
@@ -128,8 +141,29 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1
     matches = report.fused if report.applied else []
     attributions = [attribute(profiles[FUSED], profiles[c], matches) for c in (ENABLE_ALL, DISABLE_ALL)
                     if c in profiles]
+    peer_profile = None
+    if ov is not None:
+        peer_profile = ov.result(model, runs, warmup)
+        ran_alone = {t for n in profiles[FUSED].nodes if not n.fused_op and not n.spans for t in n.maps_to}
+        peer_profile.fusions = compare_fusions(peer_profile, model, matches, ran_alone)
     return ProfileResult(label, {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
-                         runs, warmup, profiles, attributions, report.reason, notes)
+                         runs, warmup, profiles, attributions, report.reason, notes, threads, peer_profile)
+
+
+def _openvino_peer(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> OpenVinoPeer:
+    """The OpenVINO peer, or a ProfileError saying why it cannot run (package missing, model refused)."""
+    from ortfuse.bench.peers import PeerUnavailable
+
+    try:
+        peer = OpenVinoPeer(data, feeds, threads)
+        peer.step(peer.WALL, counted=False)  # the peer refuses these inputs here, not in the rounds
+        return peer
+    except PeerUnavailable as exc:
+        raise ProfileError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - OpenVINO's own errors, one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ProfileError(f"OpenVINO's CPU plugin cannot run this model ({first}); profile it without --peer") \
+            from None
 
 
 def _loaded_model(session, original):
