@@ -1,1 +1,2 @@
-"""The model as ortfuse reads it: graph index, metadata contract, model arguments, sample feeds."""
+"""The model as ortfuse reads it: graph links and index, the graph-editing helper, metadata contract,
+model arguments, sample feeds."""
