@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Sequence
-from typing import TypeGuard
+from typing import TypeGuard, TypeVar
 
 import onnx
 
@@ -22,6 +22,7 @@ ONNX_DOMAINS = ("", "ai.onnx")  # the default domain's two spellings
 
 OpTypes = str | Collection[str]  # one op type, or any of several
 Domain = str | None  # "" the default ONNX domain ("" or "ai.onnx"), another name exactly, None any domain
+_Links = TypeVar("_Links", bound="GraphLinks")
 
 
 def _subgraph_refs(graph: onnx.GraphProto) -> set[str]:
@@ -81,7 +82,7 @@ class GraphLinks:
         self.initializers = {t.name: t for t in graph.initializer}
         self.graph_outputs = {o.name for o in graph.output}
 
-    def explaining(self):
+    def explaining(self: _Links) -> _Links:
         """The near-miss view of these links: the same maps (shared, not copied) with ``near_miss`` set,
         in which ``only_consumer`` returns a tensor's first reader whatever their count. A matcher run
         on it finds the candidate that readers of an intermediate tensor outside it kept from matching,
