@@ -147,17 +147,19 @@ def test_names_resolve_through_tensors_and_made_names_by_position():
     assert layers[2].covers == [] and uncovered == [] and unresolved == ["HSwish_9"]
 
 
-def test_cli_json_has_the_peer_and_text_names_its_numbers(capsys):
-    args = ["profile", MODEL, "--runs", "2", "--threads", str(THREADS), "--peer", "openvino"]
-    assert cli.main(args + ["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+def test_cli_writes_json_with_the_peer_and_text_names_its_numbers(capsys, tmp_path):
+    args = ["profile", MODEL, "--runs", "2", "--top", "3", "--threads", str(THREADS), "--peer", "openvino"]
+    assert cli.main(args + ["--json", f"{tmp_path}/"]) == 0
+    out = capsys.readouterr().out
+    (written,) = tmp_path.iterdir()  # named as benchmarks/results/ names result files
+    assert written.name.startswith(f"profile-{MODEL}-20") and f"wrote {written}" in out
+    data = json.loads(written.read_text())
     peer = data["peer"]
     assert data["threads"] == THREADS and peer["threads"] == THREADS
+    assert data["environment"]["versions"]["openvino"] != "not installed" and data["environment"]["cpu_model"]
     assert peer["wall_us"] > 0 and len(peer["wall_runs_us"]) == 2 and peer["counters_wall_us"] > 0
     assert peer["layers"] and {"name", "layer_type", "exec_type", "us", "covers"} <= set(peer["layers"][0])
     assert peer["fusions"] and {"layer_type", "onnx_ops", "ortfuse", "count"} <= set(peer["fusions"][0])
-    assert cli.main(args + ["--top", "3"]) == 0
-    out = capsys.readouterr().out
     assert "OpenVINO f32, counters off" in out and "OpenVINO f32, PERF_COUNT on" in out
     assert "need not add up to its wall time" in out and "OpenVINO f32 (layer types)" in out
     assert "layers doing several ONNX nodes" in out

@@ -1,11 +1,16 @@
 """``ortfuse profile MODEL``: ORT's own profiler on the fused and the unfused model, side by side:
-time per run, per op type and per node, and each pattern's saving (``ortfuse.profiling`` says how).
+time per run, per op type and per node, and each pattern's saving (``ortfuse.profiling`` says how);
+``--peer openvino`` adds OpenVINO's CPU plugin: its wall time, per-layer counters and what it fuses.
+
+    ortfuse profile ppocrv4_rec --peer openvino --threads 2 --runs 30 --json benchmarks/results/
+    # -> benchmarks/results/profile-ppocrv4_rec-<date>.json, and the text report
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 
 from ortfuse.cli.common import add_input_arguments, command_inputs, default_patterns
@@ -31,7 +36,9 @@ def add_arguments(p) -> None:
                         "its wall time, its per-layer counters and what it fuses")
     p.add_argument("--out-dir", metavar="DIR",
                    help="write the raw traces (<config>.json), profile.json and profile.png")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json|FOLDER/",
+                   help="print JSON instead of text; given a file, write it there and print the text; given a "
+                        "folder, write profile-<model>-<date>.json in it (benchmarks/results/ naming)")
 
 
 def run(args) -> int:
@@ -72,7 +79,19 @@ def run(args) -> int:
     except (ProfileError, feeds.FeedError, model_args.ModelArgError, UnknownPatternError) as exc:
         print(f"ortfuse profile: {str(exc).rstrip('.')}.", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_text(result, args.top))
-    if args.out_dir and not args.json:
+    if args.json == "-":
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(format_text(result, args.top))
+    if args.json:
+        from ortfuse.bench.output import result_file
+
+        target = result_file(args.json, f"profile-{pathlib.Path(args.model).stem}-{result.environment['date'][:10]}")
+        pathlib.Path(target).parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "w") as fh:
+            json.dump(result.to_dict(), fh, indent=1)
+            fh.write("\n")
+        print(f"wrote {target}")
+    if args.out_dir:
         print(f"wrote {args.out_dir}: " + ", ".join(sorted(os.listdir(args.out_dir))))
     return 0

@@ -67,6 +67,7 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
     threads: int = 0  # intra-op threads asked of every session (0: each runtime's default)
     peer: OpenVinoProfile | None = None  # --peer openvino
+    environment: dict = field(default_factory=dict)  # bench.environment's, with the load average after
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +89,9 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1
         raise ProfileError("--runs must be at least 1, --warmup and --threads not negative")
     if peer not in (None, "openvino"):
         raise ProfileError(f"unknown peer {peer!r}; profile knows: openvino")
+    from ortfuse.bench.environment import environment, load_average
+
+    env = environment()
     data = model.SerializeToString()
     out_names = [o.name for o in model.graph.output]
     with tempfile.TemporaryDirectory(prefix="ortfuse-profile-") as tmp:
@@ -146,8 +150,9 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1
         peer_profile = ov.result(model, runs, warmup)
         ran_alone = {t for n in profiles[FUSED].nodes if not n.fused_op and not n.spans for t in n.maps_to}
         peer_profile.fusions = compare_fusions(peer_profile, model, matches, ran_alone)
+    env["load_average_after"] = load_average()
     return ProfileResult(label, {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
-                         runs, warmup, profiles, attributions, report.reason, notes, threads, peer_profile)
+                         runs, warmup, profiles, attributions, report.reason, notes, threads, peer_profile, env)
 
 
 def _openvino_peer(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> OpenVinoPeer:
