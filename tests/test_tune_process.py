@@ -176,6 +176,14 @@ def test_the_process_checks_the_plan_and_the_serving_process_only_warms_it(child
     assert session.fusion_status.startswith("fused since run "), session.fusion_status
     events = [event for event, _ in session._ortfuse_live.timeline]
     assert "plan's session warmed" in events and "plan's outputs checked" not in events, events
+    # the process's own steps, on this process's clock, between its start and its end (tune.steps)
+    child = events[events.index("child started") + 1:events.index("child ended")]
+    assert child[:2] == ["child imported", "child model loaded"] and child[-1] == "child outputs checked", child
+    assert {"child whole plan judged", "child decisions", "child plan made"} <= set(child), child
+    times = [t for _, t in session._ortfuse_live.timeline]
+    assert times == sorted(times)
+    reached = session._ortfuse_live.time_to_plan
+    assert reached["plan"] == "fused" and reached["child_cpu_s"] > 0 and reached["seconds"] >= reached["tuning_s"] > 0
     feeds = ffn_inputs(seed=42)
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)
 
