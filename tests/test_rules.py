@@ -177,3 +177,41 @@ def test_a_rule_module_not_named_after_its_id_is_refused(extra_rules_dir):
     importlib.invalidate_caches()
     with pytest.raises(catalogue.RuleError, match="toy_misnamed must declare RULE = PatternRule"):
         catalogue.validate_patterns(None)
+
+
+def test_a_matcher_is_tried_at_its_anchors_only_and_explains_on_the_near_miss_view():
+    """The match step (fusion/match.py) passes the matcher only the nodes its ``anchor`` admits, and
+    asks a None again on ``ix.explaining()``: a Neg -> Neg whose middle tensor has a second reader is
+    rejected with that reader named, and the index the rewriter keeps is never put in near-miss mode."""
+    from onnx import helper
+
+    from ortfuse.custom_ops.specs import OpSpec
+    from ortfuse.fusion.match import candidates
+    from ortfuse.fusion.rulekit.contract import Anchor, Example, PatternRule
+    from ortfuse.fusion.rulekit.examples import model
+    from ortfuse.fusion.rulekit.result import Match
+    from ortfuse.ir.graph import GraphIndex
+
+    seen = []
+
+    def match(ix, anchor):
+        seen.append((anchor.name, ix.near_miss))
+        second = ix.child(anchor.output[0], "Neg")
+        return None if second is None else Match("toy", "ToyNegNeg", [anchor, second], [anchor.input[0]],
+                                                  second.output[0])
+
+    def graph():
+        return model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                      helper.make_node("Neg", ["r"], ["a"], name="first"),
+                      helper.make_node("Neg", ["a"], ["y"], name="second"),
+                      helper.make_node("Abs", ["a"], ["z"], name="other")], {"x": [2]}, ["y", "z"])
+
+    rule = PatternRule(id="toy", order=99, anchor=Anchor("Neg", onnx_only=True), matcher=match,
+                       specs=(OpSpec("ToyNegNeg", "toy", ("X",), {}, lambda x, **_: x),),
+                       examples=(Example("m", graph), Example("n", graph, reason="")))
+    ix = GraphIndex(graph())
+    found = list(candidates(ix, rule, set()))
+    assert seen == [("first", False), ("first", True), ("second", False), ("second", True)]
+    assert [(r.reason, [n.name for n in r.nodes]) for r in found] == [
+        ("intermediate tensor 'a' has another consumer (other)", ["first", "second"])]
+    assert not ix.near_miss and ix.only_consumer("a") is None
