@@ -149,9 +149,12 @@ def test_names_resolve_through_tensors_and_made_names_by_position():
 
 def test_cli_writes_json_with_the_peer_and_text_names_its_numbers(capsys, tmp_path):
     args = ["profile", MODEL, "--runs", "2", "--top", "3", "--threads", str(THREADS), "--peer", "openvino"]
-    assert cli.main(args + ["--json", f"{tmp_path}/"]) == 0
+    results, charts = tmp_path / "results", tmp_path / "charts"
+    assert cli.main(args + ["--json", f"{results}/", "--out-dir", str(charts)]) == 0
     out = capsys.readouterr().out
-    (written,) = tmp_path.iterdir()  # named as benchmarks/results/ names result files
+    assert (charts / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # OpenVINO's column drawn too
+    assert json.loads((charts / "profile.json").read_text())["peer"]["layers"]
+    (written,) = results.iterdir()  # named as benchmarks/results/ names result files
     assert written.name.startswith(f"profile-{MODEL}-20") and f"wrote {written}" in out
     data = json.loads(written.read_text())
     peer = data["peer"]

@@ -1,5 +1,6 @@
-"""The chart of ``ortfuse profile --out-dir``: time per op type per configuration, and per pattern
-fused against original time (matplotlib, optional)."""
+"""The chart of ``ortfuse profile --out-dir``: time per op type per configuration (OpenVINO's layer
+types beside them with ``--peer openvino``), and per pattern fused against original time (matplotlib,
+optional)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ def plot(r: ProfileResult, path: str, top: int = 10) -> None:
     att = r.attributions[0] if r.attributions else None
     fig, axes = plt.subplots(1, 2 if att and att.patterns else 1, figsize=(12, 4.5), squeeze=False)
     ax = axes[0][0]
+    columns = [(LABELS[p.config], p.by_op_type()) for p in r.profiles.values()]
+    if r.peer is not None:  # OpenVINO's layer types: its counters, not its wall time
+        columns.append(("OpenVINO f32 (layer types, counters)", r.peer.by_layer_type()))
     types: list[str] = []
-    for p in r.profiles.values():
-        for op, _, _ in p.by_op_type()[:top]:
+    for _, rows in columns:
+        for op, _, _ in rows[:top]:
             if op not in types:
                 types.append(op)
-    height = 0.8 / max(len(r.profiles), 1)
-    for j, p in enumerate(r.profiles.values()):
-        times = {op: us for op, us, _ in p.by_op_type()}
+    height = 0.8 / max(len(columns), 1)
+    for j, (label, rows) in enumerate(columns):
+        times = {op: us for op, us, _ in rows}
         ax.barh([i + j * height for i in range(len(types))], [times.get(t, 0.0) / 1000 for t in types],
-                height=height, label=LABELS[p.config], color=f"C{j}")
+                height=height, label=label, color=f"C{j}")
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(types))])
     ax.set_yticklabels(types, fontsize=7)
     ax.invert_yaxis()
