@@ -132,8 +132,9 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
             tuning.whole_plan = whole
             steps.mark("matches measured")
             if compared:
+                # each look as long as the whole-model check's (the measuring above left it that much)
                 tuning = _best_plan(model, ids, level, threads, feed, key, precision, tuning, whole or {},
-                                    max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
+                                    measuring.MODEL_BUDGET_S)
     except Exception as exc:  # the model runs as stock ORT, and the report says why
         return _noted(_failed(Tuning(key), one_sentence(exc)), note)
     tuning.ranked = ranked
