@@ -89,7 +89,7 @@ class GraphEdit(GraphLinks):
         nodes = [self._rewired_copy(n) for n in nodes]
         initializers = [*self.graph.initializer, *self._new_initializers]
         nodes, initializers = _prune(nodes, initializers, loose, self.graph_outputs)
-        order = _topological(nodes, {i.name for i in self.graph.input} | {t.name for t in initializers})
+        order = topological_order(nodes, {i.name for i in self.graph.input} | {t.name for t in initializers})
         del self.graph.node[:]
         self.graph.node.extend(order)
         if len(initializers) != len(self.graph.initializer) or self._new_initializers:
@@ -137,9 +137,11 @@ def _prune(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto], lo
             [t for t in initializers if t.name not in removed_inits])
 
 
-def _topological(nodes: list[onnx.NodeProto], sources: set[str]) -> list[onnx.NodeProto]:
-    """``nodes`` in an order where every input is written before it is read, the earliest node first
-    among those ready (so an order that already is one is kept)."""
+def topological_order(nodes: list[onnx.NodeProto], sources: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where every input (read by a node or its If/Loop/Scan bodies) is written
+    before it is read, the earliest node first among those ready (so an order that already is one is
+    kept); ValueError when there is none (a cycle). Names in ``sources`` (graph inputs, initializers)
+    are no dependencies."""
     made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     deps = [{made[t] for t in node_inputs_with_subgraphs(n) if t in made and t not in sources} for n in nodes]
     users: dict[int, list[int]] = collections.defaultdict(list)

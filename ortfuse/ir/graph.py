@@ -15,7 +15,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortfuse.ir.links import GraphLinks, node_inputs_with_subgraphs
+from ortfuse.ir.editing import topological_order
+from ortfuse.ir.links import GraphLinks
+from ortfuse.ir.links import node_inputs_with_subgraphs as node_inputs_with_subgraphs  # fusion/apply.py's
 
 Shape = list  # of int | str | None
 
@@ -174,31 +176,17 @@ class GraphIndex(GraphLinks):
 def _structure_problem(graph: onnx.GraphProto, sources: set[str]) -> str:
     """Why the graph is not a DAG in SSA form ("" when it is): a tensor defined twice, or a cycle.
     ORT rejects such graphs itself; matchers that walk producer/consumer links would loop on them."""
-    producers: dict[str, int] = {}
-    for pos, node in enumerate(graph.node):
+    written = set(sources)
+    for node in graph.node:
         for out in node.output:
-            if out and (out in producers or out in sources):
+            if out and out in written:
                 return f"tensor '{out}' is defined more than once"
-            if out:
-                producers[out] = pos
-    # Kahn's algorithm over node positions: a node waits for the producers of its inputs
-    waiting = [0] * len(graph.node)
-    users: dict[int, list[int]] = {}
-    for pos, node in enumerate(graph.node):
-        deps = {producers[i] for i in node_inputs_with_subgraphs(node) if i in producers}
-        waiting[pos] = len(deps)
-        for dep in deps:
-            users.setdefault(dep, []).append(pos)
-    ready = [pos for pos, n in enumerate(waiting) if n == 0]
-    done = 0
-    while ready:
-        pos = ready.pop()
-        done += 1
-        for user in users.get(pos, ()):
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                ready.append(user)
-    return "" if done == len(graph.node) else "the graph has a cycle"
+            written.add(out)
+    try:
+        topological_order(list(graph.node), sources)
+    except ValueError:
+        return "the graph has a cycle"
+    return ""
 
 
 def _tensor_value(tensor: onnx.TensorProto) -> np.ndarray | None:
