@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortfuse.ir.editing import GraphEdit
 from ortfuse.ir.graph import GraphIndex, fresh_name
 
 CONVS = {("", "Conv"), ("com.microsoft", "FusedConv")}
@@ -88,10 +89,8 @@ class _Planner:
         self.ix = GraphIndex(model)
         self.known = shape
         self.block = block
-        self.graph = model.graph
-        self.inits = {t.name: t for t in model.graph.initializer}
-        self.producer = {o: n for n in model.graph.node for o in n.output}
-        self.outputs = {o.name for o in model.graph.output}
+        self.producer = self.ix.producer
+        self.outputs = self.ix.graph_outputs
 
     def channels(self, tensor: str) -> int | None:
         """C of a rank-4 tensor: from shape inference of this graph, else from ``shape`` (the model
@@ -226,32 +225,39 @@ def _pad_axis(a: np.ndarray, axis: int, to: int, value: float = 0.0) -> np.ndarr
 
 
 def _rewrite(model: onnx.ModelProto, plan: _Planner, components, result: PaddingResult) -> None:
+    """Pads ``components`` (from ``plan``, an index of a graph with the same nodes and names) in
+    ``model``, recorded on one ``GraphEdit``: each changed node replaced by its padded copy, each
+    Slice placed after the node that makes what it reads; the filters replaced are pruned."""
     g = model.graph
-    taken = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}
-    new_inits: list[onnx.TensorProto] = []
-
-    def fresh(base: str) -> str:
-        return fresh_name(base, taken)
-
-    def replace_init(node: onnx.NodeProto, slot: int, value: np.ndarray, tag: str) -> None:
-        name = fresh(f"{node.input[slot]}_{tag}")
-        new_inits.append(numpy_helper.from_array(value.astype(np.float32), name))
-        node.input[slot] = name
-
+    edit = GraphEdit(g)
+    taken = set(edit.producer) | set(edit.initializers) | {i.name for i in g.input}
     padded: dict[str, tuple[int, int]] = {}  # tensor -> (C, Cp)
     for c, inside in components:
         cp = -(-c // plan.block) * plan.block
         padded.update(dict.fromkeys(inside, (c, cp)))
-        result.padded.update(dict.fromkeys(inside, (c, cp)))
         result.components += 1
         result.channels[c] += len(inside)
+    result.padded.update(padded)
+    copies: dict[int, tuple[onnx.NodeProto, onnx.NodeProto]] = {}  # id(node) -> (node, its padded copy)
+
+    def copy_of(node: onnx.NodeProto) -> onnx.NodeProto:
+        if id(node) not in copies:
+            new = onnx.NodeProto()
+            new.CopyFrom(node)
+            copies[id(node)] = (node, new)
+        return copies[id(node)][1]
+
+    def replace_init(node: onnx.NodeProto, slot: int, value: np.ndarray) -> None:
+        new = copy_of(node)
+        name = fresh_name(f"{node.input[slot]}_padded", taken)
+        edit.add_initializer(numpy_helper.from_array(value.astype(np.float32), name))
+        new.input[slot] = name
+
     slices: dict[str, onnx.NodeProto] = {}  # padded tensor -> the Slice of its first C channels
-    order: list[onnx.NodeProto] = []
     for node in g.node:
         out = node.output[0] if node.output else ""
-        conv1 = plan.padable_conv(node)  # asked before its inputs are renamed below
+        conv1 = plan.padable_conv(node)
         member_op = out in padded and not conv1
-        depthwise = member_op and plan.depthwise(node, padded[out][0])
         if conv1 and (node.input[0] in padded or out in padded):
             w = plan.weight(node.input[1])
             if node.input[0] in padded:  # zero filters for the padded input channels
@@ -259,49 +265,44 @@ def _rewrite(model: onnx.ModelProto, plan: _Planner, components, result: Padding
             if out in padded:
                 w = _pad_axis(w, 0, padded[out][1])
                 if len(node.input) > 2 and node.input[2]:
-                    replace_init(node, 2, _pad_axis(plan.weight(node.input[2]), 0, padded[out][1]), "padded")
+                    replace_init(node, 2, _pad_axis(plan.weight(node.input[2]), 0, padded[out][1]))
                 result.convs += 1
-            replace_init(node, 1, w, "padded")
+            replace_init(node, 1, w)
         for slot, t in enumerate(node.input):
             if t not in padded or member_op or (conv1 and slot == 0):
                 continue
             if t not in slices:  # a reader outside the component: the first C channels
                 c = padded[t][0]
-                name = fresh(f"{t}_first{c}")
-                starts, ends, axes = (fresh(f"{name}_{k}") for k in ("starts", "ends", "axes"))
-                new_inits.extend(numpy_helper.from_array(np.array([v], np.int64), n)
-                                 for v, n in ((0, starts), (c, ends), (1, axes)))
+                name = fresh_name(f"{t}_first{c}", taken)
+                starts, ends, axes = (fresh_name(f"{name}_{k}", taken) for k in ("starts", "ends", "axes"))
+                edit.add_initializer(*(numpy_helper.from_array(np.array([v], np.int64), n)
+                                       for v, n in ((0, starts), (c, ends), (1, axes))))
                 slices[t] = helper.make_node("Slice", [t, starts, ends, axes], [name], name=name)
                 result.slices += 1
-            node.input[slot] = slices[t].output[0]
+            copy_of(node).input[slot] = slices[t].output[0]
         if member_op:
             c, cp = padded[out]
-            if depthwise:
-                replace_init(node, 1, _pad_axis(plan.weight(node.input[1]), 0, cp), "padded")
+            if plan.depthwise(node, c):
+                replace_init(node, 1, _pad_axis(plan.weight(node.input[1]), 0, cp))
                 if len(node.input) > 2 and node.input[2]:
-                    replace_init(node, 2, _pad_axis(plan.weight(node.input[2]), 0, cp), "padded")
-                for a in node.attribute:
+                    replace_init(node, 2, _pad_axis(plan.weight(node.input[2]), 0, cp))
+                for a in copy_of(node).attribute:
                     if a.name == "group":
                         a.i = cp
                 result.convs += 1
             elif node.op_type == "BatchNormalization":
                 for slot, fill in ((1, 0.0), (2, 0.0), (3, 0.0), (4, 1.0)):
-                    replace_init(node, slot, _pad_axis(plan.weight(node.input[slot]), 0, cp, fill), "padded")
+                    replace_init(node, slot, _pad_axis(plan.weight(node.input[slot]), 0, cp, fill))
             elif node.op_type in BINARY:
                 for slot, t in enumerate(node.input):
                     const = plan.channel_const(t, c) if t not in padded else None
                     if const is not None and const.size > 1:
                         fill = 1.0 if node.op_type == "Div" and slot == 1 else 0.0
-                        replace_init(node, slot, _pad_axis(const, const.ndim - 3, cp, fill), "padded")
-        order.append(node)
-    del g.node[:]
-    for node in order:  # each slice right after the node that makes what it reads
-        g.node.append(node)
-        g.node.extend(slices[o] for o in node.output if o in slices)
-    g.initializer.extend(new_inits)
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    keep = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    for vi in [vi for vi in g.value_info if vi.name in padded]:
+                        replace_init(node, slot, _pad_axis(const, const.ndim - 3, cp, fill))
+    for t in slices:  # the node that makes a sliced tensor gets its slice placed after it
+        copy_of(edit.producer[t])
+    for node, new in copies.values():
+        edit.replace(node, new, *(slices[o] for o in node.output if o in slices))
+    edit.commit()
+    for vi in [vi for vi in g.value_info if vi.name in padded]:  # their channel counts changed
         g.value_info.remove(vi)
