@@ -320,7 +320,7 @@ def test_a_replica_dying_under_a_request_has_it_sent_again_then_503(conv_replica
     path, replica = conv_replica
     feeds = _feeds(1, 8)
     answer = _http(Ingress(_Handle(replica, die=2)), "POST", _json_body(feeds), {"Content-Type": codec.JSON})
-    assert answer.status_code == 200
+    assert answer.status_code == 200 and answer.headers["x-ortfuse-attempts"] == "3"
     out = json.loads(answer.body)["outputs"]["y"]
     want = _stock(path).run(None, feeds)[0]
     assert np.max(np.abs(np.array(out["data"], np.float32).reshape(out["shape"]) - want)) <= TOL

@@ -45,6 +45,8 @@ def add_arguments(p) -> None:
     p.add_argument("--route-prefix", default="/", help="the URL path it is served at (default /)")
     p.add_argument("--object-store-mb", type=int, default=None,
                    help="the local instance's object store (default 512 MB)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="the local instance's CPUs that replicas reserve (default: this machine's)")
     p.add_argument("--runtime-env-json", default=None, metavar="JSON",
                    help="a Ray runtime_env for the model replicas, e.g. '{\"env_vars\": {\"ORTFUSE_TUNE\": \"sync\"}}'")
     p.add_argument("--duration", type=float, default=None, metavar="S",
@@ -67,8 +69,8 @@ def run(args) -> int:
         signal.signal(number, lambda *_: stop.set())
     served = None
     try:
-        local = startup.connect(args.address, **({"object_store_mb": args.object_store_mb}
-                                                 if args.object_store_mb else {}))
+        local = startup.connect(args.address, num_cpus=args.num_cpus,
+                                **({"object_store_mb": args.object_store_mb} if args.object_store_mb else {}))
         from ortfuse.serve import deployment
 
         app = deployment.application(path, replicas=args.replicas, fusion=deployment.fusion_value(args.fusion),
@@ -112,8 +114,11 @@ def _checked(args) -> tuple[str, object, dict]:
     from ortfuse import models
     from ortfuse.serve.signature import Signature
 
-    if args.replicas < 1 or args.threads < 1 or args.max_batch < 1:
-        raise ValueError("--replicas, --threads and --max-batch take 1 or more")
+    if args.replicas < 1 or args.threads < 1 or args.max_batch < 1 or (args.num_cpus or 1) < 1:
+        raise ValueError("--replicas, --threads, --max-batch and --num-cpus take 1 or more")
+    if args.address and (args.num_cpus or args.object_store_mb):
+        raise ValueError("--num-cpus and --object-store-mb size a local instance: a cluster joined with --address "
+                         "keeps its own")
     if args.duration is not None and args.duration <= 0:
         raise ValueError(f"--duration {args.duration} is not a positive number of seconds")
     if not args.route_prefix.startswith("/"):
@@ -157,7 +162,8 @@ def _print_ready(args, path: str, signature, served, store: str | None) -> None:
                   else "one run per request (batching needs a dynamic first dim on every input and output)"))
     print(f"  POST {served.url} with application/json or application/x-npz (README: Serving with Ray); "
           f"GET {served.url}: the model's tensors")
-    print(f"  Ray cluster: {served.cluster} (another ortfuse serve joins it with --address {served.cluster})")
+    print(f"  Ray cluster: {served.cluster} (another ortfuse serve joins it: RAY_AUTH_MODE=token ortfuse serve ... "
+          f"--address {served.cluster})")
     print(f"ready: {served.url}", flush=True)
 
 

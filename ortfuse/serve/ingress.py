@@ -11,7 +11,7 @@ Contract:
   (inference has no side effect); then a 503 with ``Retry-After`` and a retriable sentence;
 - every answer from a replica carries ``x-ortfuse-replica``, ``x-ortfuse-request`` (that replica's
   count of requests at its arrival), ``x-ortfuse-fused`` (``true`` when the run started on a fused
-  plan), ``x-ortfuse-batch`` and ``x-ortfuse-run-ms``.
+  plan), ``x-ortfuse-batch``, ``x-ortfuse-run-ms`` and ``x-ortfuse-attempts`` (sends of the request).
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class Ingress:
         signature = await self._model_signature()
         feeds = codec.decode(body, content_type, signature)
         signature.check(feeds)
-        reply = await self._send(lambda: self.model.infer.remote(feeds))
+        attempts: list[int] = []
+        reply = await self._send(lambda: self.model.infer.remote(feeds), attempts)
+        reply.meta["attempts"] = len(attempts)
         if reply.status != 200:
             return error_response(reply.status, reply.message, reply.retriable, reply.meta)
         kind = codec.response_type(content_type, request.headers.get("accept"))
@@ -98,13 +100,16 @@ class Ingress:
             self._signature = signature_from_json(await self._send(lambda: self.model.describe.remote()))
         return self._signature
 
-    async def _send(self, call):
-        """``await call()``, sent again while the replica holding it dies (module docstring)."""
+    async def _send(self, call, attempts: list[int] | None = None):
+        """``await call()``, sent again while the replica holding it dies (module docstring); one item is
+        appended to ``attempts`` per send."""
         failures = retriable_failures()
         last: BaseException | None = None
         for attempt in range(self.attempts):
             if attempt:
                 await asyncio.sleep(RETRY_DELAY_S * attempt)
+            if attempts is not None:
+                attempts.append(attempt)
             try:
                 return await call()
             except failures as exc:
@@ -127,7 +132,7 @@ async def _read(request: Request, limit: int, content_type: str | None) -> bytes
 
 def meta_headers(meta: dict) -> dict[str, str]:
     names = {"replica": "x-ortfuse-replica", "request": "x-ortfuse-request", "fused": "x-ortfuse-fused",
-             "batch": "x-ortfuse-batch", "run_ms": "x-ortfuse-run-ms"}
+             "batch": "x-ortfuse-batch", "run_ms": "x-ortfuse-run-ms", "attempts": "x-ortfuse-attempts"}
     return {header: str(meta[key]).lower() if isinstance(meta[key], bool) else str(meta[key])
             for key, header in names.items() if key in meta}
 
