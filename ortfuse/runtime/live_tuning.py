@@ -344,6 +344,16 @@ class LiveTuning:
     def _add_pause(self, seconds: float) -> None:
         self._paused += seconds
 
+    def _child_waits(self) -> bool:
+        """Polled while the tuning process runs: continues it when served runs held it (it is stopped
+        in most gaps after short runs, ``ServedRuns.resume_if_idle``); True when it must be stopped."""
+        self.served.resume_if_idle()
+        return self._stop or self._over_wall()
+
+    def _compile_waits(self) -> bool:
+        self.served.resume_if_idle()
+        return self._stop
+
     def _compiling(self, child) -> None:
         """A child process compiling kernels or tuning starts (stopped at once if a run is in flight) or
         ends (None); its time is not this thread's work."""
@@ -406,7 +416,7 @@ class LiveTuning:
         if self._patterns is None:
             self._patterns = list(planning.requested_patterns(model, self._fusion_patterns))
         fused = self._fuse_all(model)
-        why = kernel_compile.compile_kernels(fused, self._compiling, lambda: self._stop)
+        why = kernel_compile.compile_kernels(fused, self._compiling, self._compile_waits)
         if why:
             self._notes.append(f"auto: kernels: {why}")
         del fused
@@ -439,7 +449,7 @@ class LiveTuning:
             outcome = tune_process.tune(self._source, self._options, self._fusion, self._fusion_patterns, sample,
                                         self._budget, counts.path, lookup_first=self._deferred,
                                         check_feeds=self._samples,
-                                        on_start=self._compiling, stopped=lambda: self._stop or self._over_wall())
+                                        on_start=self._compiling, stopped=self._child_waits)
         finally:
             with self.served.lock:
                 self.served.counts = None

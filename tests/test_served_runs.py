@@ -1,0 +1,88 @@
+"""``runtime.served_runs``: when the tuning process runs between served runs. After a short served run
+it is continued in one gap of ``SPREAD`` only (most requests find their caches as stock ORT leaves
+them), after a long one at once, and a held process is continued once the session has been idle
+``HOLD_S``. Signals are recorded, not sent; run durations are stated through the clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+from ortfuse.runtime import served_runs
+
+
+class _Session:
+    _ortfuse_counting = None
+
+
+class _Tuning:
+    recording = False
+    running = True
+
+
+def _served(monkeypatch):
+    signals: list[str] = []
+    monkeypatch.setattr(served_runs, "_signal", lambda process, name: signals.append(name))
+    clock = [100.0]
+    monkeypatch.setattr(served_runs, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                   monotonic=time.monotonic))
+    session = _Session()
+    served = served_runs.ServedRuns(session, _Tuning(), lambda: False, lambda s: None)
+    served.hold(object())
+    return served, signals, clock, session
+
+
+def _run(served, clock, seconds: float, gap: float = 0.003) -> None:
+    served.begin()
+    clock[0] += seconds
+    served.end(release=False)
+    clock[0] += gap
+
+
+def test_after_short_runs_the_process_runs_in_one_gap_of_spread(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch)
+    short = served_runs.SHORT_RUN_S / 2
+    for _ in range(3 * served_runs.SPREAD):
+        _run(served, clock, short)
+    assert signals.count("SIGCONT") == 3  # one gap of SPREAD
+    assert signals.count("SIGSTOP") == 3  # a held process is not stopped again
+    assert served.held == (3 * served_runs.SPREAD % served_runs.SPREAD != 0)
+
+
+def test_after_a_long_run_the_process_runs_at_once(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch)
+    for _ in range(4):
+        _run(served, clock, 2 * served_runs.SHORT_RUN_S)
+    assert signals == ["SIGSTOP", "SIGCONT"] * 4 and not served.held
+
+
+def test_a_held_process_is_continued_once_the_session_is_idle(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch)
+    _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)
+    assert served.held and signals == ["SIGSTOP"]
+    served.resume_if_idle()
+    assert served.held  # idle for less than HOLD_S
+    clock[0] += served_runs.HOLD_S
+    served.resume_if_idle()
+    assert not served.held and signals == ["SIGSTOP", "SIGCONT"]
+    served.begin()  # a run in flight: a held process is never continued
+    assert signals[-1] == "SIGSTOP"
+    served.held = True
+    clock[0] += 1.0
+    served.resume_if_idle()
+    assert served.held and signals[-1] == "SIGSTOP"
+    served.end(release=False)
+
+
+def test_a_new_process_starts_not_held(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch)
+    _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert served.held
+    served.hold(None)
+    assert not served.held
+    served.hold(object())
+    thread = threading.Thread(target=lambda: _run(served, clock, 2 * served_runs.SHORT_RUN_S))
+    thread.start()
+    thread.join()
+    assert signals[-2:] == ["SIGSTOP", "SIGCONT"]
