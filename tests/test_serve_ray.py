@@ -3,11 +3,12 @@ process of its own, two ``fusion="auto"`` replicas of the zoo's crnn_recognizer 
 store, and HTTP clients on 127.0.0.1.
 
 - The replicas tune once between them, publish the plan, and both end fused.
-- Under a bounded concurrent load a model replica is killed (``ray.kill`` from a driver that joins
-  the instance): every answer is stock ORT's for its own input (ORT_DISABLE_ALL, max abs error
-  within ``TOL``: probabilities, fused kernels sum in another order), every request that is not
-  answered gets a retriable 5xx, Serve starts a replacement, which serves fused from its first
-  request without tuning (one tuning in all, one plan file, no lease left).
+- Under a bounded open-loop load one model replica's process is killed (SIGKILL), then the other
+  original replica (``ray.kill`` from a driver that joins the instance): every answer is stock ORT's
+  for its own input (ORT_DISABLE_ALL, max abs error within ``TOL``: probabilities, fused kernels sum
+  in another order), every request that is not answered gets a retriable 5xx, Serve starts
+  replacements, which serve fused from their first request without tuning (one tuning in all, one
+  plan file, no lease left).
 - A second ``ortfuse serve`` joins the instance with ``--address`` after the plan is published: its
   replica serves fused from its first request, and stopping it leaves the first application serving.
 
