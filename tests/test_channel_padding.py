@@ -178,3 +178,27 @@ def test_session_pads_only_when_asked_or_measured(monkeypatch, tmp_path, mode):
     assert ("padded to the block" in notes) == (mode == "on"), notes
     (got,), (ref,) = session.run(None, _x()), _run(model, _x())
     assert _close(got, ref) <= 1e-4  # fused convs and blocked kernels against ORT_DISABLE_ALL
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_fused_conv_with_a_sum_input_pads_its_sum_too(block):
+    """com.microsoft:FusedConv(X, W, B, Z) (conv_add's lowering): Z has the output's shape, so it is
+    padded with it; here Z is the conv's own input (a shortcut)."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("FusedConv", ["a", "w1", "b1", "a"], ["s"], domain="com.microsoft", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["s", "w2"], ["y"])]
+    inits = [_init("w0", rng.standard_normal((10, 3, 3, 3))), _init("b0", rng.standard_normal(10)),
+             _init("w1", rng.standard_normal((10, 10, 3, 3)) * 0.2), _init("b1", rng.standard_normal(10)),
+             _init("w2", rng.standard_normal((12, 10, 1, 1)))]
+    graph = helper.make_graph(nodes, "shortcut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 11])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 9, 11])], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    fused_shapes = {"a": [1, 10, 9, 11], "s": [1, 10, 9, 11]}  # what the model before fusion says
+    padded, result = channel_padding.pad_channels(model, block, fused_shapes.get)
+    assert set(result.padded) == {"a", "s"} and result.convs == 2 and result.slices == 0
+    fc = next(n for n in padded.graph.node if n.op_type == "FusedConv")
+    assert fc.input[0] == fc.input[3] == "a"
+    (got,), (ref,) = _run(padded, _x()), _run(model, _x())
+    assert _close(got, ref) <= TOL

@@ -147,7 +147,11 @@ def test_weights_exceed_cache_compares_initializer_bytes(monkeypatch):
 
 def test_a_cold_probe_is_another_choice_and_is_timed_cold(monkeypatch):
     calls = []
-    monkeypatch.setattr(op_timing, "_ratios", lambda *args: calls.append(args[-1]) or [0.5, 0.5, 0.5])
+    def ratios(stock, native, ops, feeds, threads, stock_ops, cold=False, budget_s=None):
+        calls.append(cold)
+        return [0.5, 0.5, 0.5]
+
+    monkeypatch.setattr(op_timing, "_ratios", ratios)
     op_timing.native_faster(*PROBE)
     op_timing.native_faster(*PROBE, cold=True)
     op_timing.native_faster(*PROBE, cold=True)
@@ -185,3 +189,26 @@ def test_the_planner_times_probes_cold_only_for_weights_beyond_the_cache(monkeyp
         monkeypatch.setattr(op_timing, "last_level_cache_bytes", lambda llc=llc: llc)
         planner.plan_layout(model, fused, None, frozenset(native_op_types(fused)), report.disabled_ort_optimizers)
     assert seen == [False, True]
+
+
+def test_a_time_budget_sets_the_runs_per_repeat(monkeypatch):
+    """``budget_s``: as many timed runs per repeat as fit the budget at the stock form's run time,
+    within [RUNS, MAX_RUNS]; without it, RUNS."""
+    from ortfuse.foundation import protocol
+
+    seen = []
+
+    def measure(runners, *, runs, repeats, **kw):
+        seen.append(runs)
+        return {name: [[1.0] * runs for _ in range(repeats)] for name in runners}
+
+    from onnx import helper
+
+    x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8]) for n in "xy")
+    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    monkeypatch.setattr(protocol, "measure", measure)
+    monkeypatch.setattr(op_timing.yielding, "timed", lambda fn: 2.0)  # every run 2 ms
+    for budget in (None, 0.2, 100.0):
+        op_timing._ratios(relu, relu, frozenset(), {"x": (1, 8)}, 1, frozenset(), budget_s=budget)
+    assert seen == [op_timing.RUNS, 100, op_timing.MAX_RUNS]

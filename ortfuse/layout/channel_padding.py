@@ -8,7 +8,8 @@ NCHW with a ReorderOutput before and a ReorderInput after. A *component* is a se
 channels (rank 4, channels on axis 1) that are made only by ops that keep channels apart:
 
     producers   Conv / com.microsoft FusedConv, group 1 or depthwise (output channels padded with
-                zero filters and zero bias), BatchNormalization (scale and bias 0, mean 0, var 1),
+                zero filters and zero bias; a FusedConv's sum input Z in the component too),
+                BatchNormalization (scale and bias 0, mean 0, var 1),
                 Relu, Clip, HardSigmoid, HardSwish, Sigmoid, Tanh, LeakyRelu, pools, and Add, Sub,
                 Mul whose other operand is in the component or a scalar / per-channel constant
                 (padded with 0), Div by a scalar or per-channel constant (padded with 1)
@@ -76,6 +77,11 @@ class PaddingResult:
 
 def _is_conv(node: onnx.NodeProto) -> bool:
     return (node.domain, node.op_type) in CONVS
+
+
+def _sum_input(conv: onnx.NodeProto) -> list[str]:
+    """[Z] of a FusedConv with a sum input (added to the output, of its shape), else []."""
+    return [conv.input[3]] if len(conv.input) > 3 and conv.input[3] else []
 
 
 def _group(node: onnx.NodeProto) -> int:
@@ -155,13 +161,14 @@ class _Planner:
                 and self._bias_ok(node))
 
     def padable_conv(self, node: onnx.NodeProto) -> bool:
-        """A group-1 conv with float32 filter (and bias) initializers and no Sum input."""
+        """A group-1 conv with float32 filter (and bias) initializers; a FusedConv may have a sum input
+        Z (of the output's shape: padded with it)."""
         w = self.weight(node.input[1]) if _is_conv(node) and len(node.input) > 1 else None
-        return w is not None and _group(node) == 1 and w.ndim == 4 and self._bias_ok(node)
+        return w is not None and _group(node) == 1 and w.ndim == 4 and self._bias_ok(node, sum_allowed=True)
 
-    def _bias_ok(self, node: onnx.NodeProto) -> bool:
+    def _bias_ok(self, node: onnx.NodeProto, sum_allowed: bool = False) -> bool:
         return ((len(node.input) < 3 or not node.input[2] or self.weight(node.input[2]) is not None)
-                and (len(node.input) < 4 or not node.input[3]))
+                and (len(node.input) < 4 or not node.input[3] or sum_allowed))
 
     def component(self, seed: str, c: int, taken: set[str]) -> set[str] | None:
         """The tensors of the component grown from ``seed``, or None when one of them is made by an op
@@ -176,15 +183,15 @@ class _Planner:
             if t in taken or t in self.outputs or self.channels(t) != c or made is None:
                 return None
             inside.add(t)
-            if self.padable_conv(made):
-                pass  # its output channels get zero filters; what it reads is not padded for it
+            if self.padable_conv(made):  # its output channels get zero filters, its sum input Z is padded
+                todo.extend(_sum_input(made))
             elif self.keeps_channels(made, made.input[0], c):
                 todo.extend(i for i in made.input[:1 if made.op_type not in BINARY else 2]
                             if self.channel_const(i, c) is None)
             else:
                 return None
             for reader in self.ix.consumers_of(t):
-                if self.keeps_channels(reader, t, c):
+                if self.keeps_channels(reader, t, c) or (self.padable_conv(reader) and _sum_input(reader) == [t]):
                     todo.append(reader.output[0])
         return inside
 
@@ -269,7 +276,7 @@ def _rewrite(model: onnx.ModelProto, plan: _Planner, components, result: Padding
                 result.convs += 1
             replace_init(node, 1, w)
         for slot, t in enumerate(node.input):
-            if t not in padded or member_op or (conv1 and slot == 0):
+            if t not in padded or member_op or (conv1 and (slot == 0 or slot == 3 and out in padded)):
                 continue
             if t not in slices:  # a reader outside the component: the first C channels
                 c = padded[t][0]

@@ -26,23 +26,28 @@ from ortfuse.foundation import protocol, yielding
 from ortfuse.layout import choice_cache
 
 RUNS = 6  # timed runs of each form per repeat, after one warm-up pass
+MAX_RUNS = 400  # with a time budget
 REPEATS = 3
 
 
 def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
-                  margin: float, stock_ops: frozenset = frozenset(), cold: bool = False) -> bool:
+                  margin: float, stock_ops: frozenset = frozenset(), cold: bool = False,
+                  budget_s: float | None = None) -> bool:
     """Whether ``native`` beats ``margin`` times ``stock`` in every repeat (module docstring), read from
     the machine's kept choices when this probe was timed before. Both models are loaded at
     ORT_DISABLE_ALL (they hold ORT's blocked ops already); ``feeds`` names each input's shape
     (float32, seeded normal data); ``stock_ops``: ortfuse's native ops the stock form holds
-    (registered on its session too); ``cold``: timed with the caches flushed (module docstring).
+    (registered on its session too); ``cold``: timed with the caches flushed (module docstring);
+    ``budget_s``: timed runs per repeat as many as fit this many seconds of the stock form's run
+    (at least ``RUNS``, at most ``MAX_RUNS``; whole models whose runs take a millisecond need more
+    than six to settle a 5% margin on a shared machine), else ``RUNS``.
     False when the native ops cannot be registered here."""
     digest = choice_cache.probe_digest(stock, native, sorted(native_ops), sorted(stock_ops), feeds, threads, margin,
-                                       *(["cold"] if cold else []))
+                                       *(["cold"] if cold else []), *([f"budget {budget_s}"] if budget_s else []))
     kept = choice_cache.lookup(digest)
     if kept is not None:
         return kept
-    ratios = _ratios(stock, native, native_ops, feeds, threads, stock_ops, cold)
+    ratios = _ratios(stock, native, native_ops, feeds, threads, stock_ops, cold, budget_s)
     if ratios is None:
         return False
     chosen = max(ratios) < margin
@@ -51,7 +56,7 @@ def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dic
 
 
 def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
-            stock_ops: frozenset, cold: bool = False) -> list[float] | None:
+            stock_ops: frozenset, cold: bool = False, budget_s: float | None = None) -> list[float] | None:
     """Each repeat's p50 ratio, native / stock; None when the native ops cannot be registered here."""
     import onnxruntime as ort
 
@@ -77,7 +82,12 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
     runners = {"stock": lambda: yielding.run_session(stock_s, feed),
                "native": lambda: yielding.run_session(native_s, feed)}
     size = last_level_cache_bytes() if cold else 0
-    raw = protocol.measure(runners, runs=RUNS, repeats=REPEATS, warmup=1,
+    runs = RUNS
+    if budget_s:
+        runners["stock"]()  # the first run allocates; the second is the estimate
+        once = max(yielding.timed(runners["stock"]) / 1e3, 1e-6)
+        runs = int(min(max(budget_s / once, RUNS), MAX_RUNS))
+    raw = protocol.measure(runners, runs=runs, repeats=REPEATS, warmup=1,
                            time_run=_after_flush(size * 3 // 2) if size else yielding.timed)
     return protocol.ratio_per_repeat(raw["native"], raw["stock"])
 

@@ -179,6 +179,7 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
 
 PADDING_ENV = "ORTFUSE_CHANNEL_PADDING"
 PADDING_MARGIN = 0.95  # the padded form must take below this share of the unpadded form's time
+PADDING_BUDGET_S = 0.2  # seconds of runs of each form per repeat (a small model's run is a millisecond)
 
 
 def padding_mode() -> str:
@@ -214,7 +215,7 @@ def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, 
     try:
         return op_timing.native_faster(plain.graph.SerializeToString(), padded.graph.SerializeToString(),
                                        native_ops | padded.native, shapes, threads, PADDING_MARGIN,
-                                       stock_ops=native_ops | plain.native, cold=cold)
+                                       stock_ops=native_ops | plain.native, cold=cold, budget_s=PADDING_BUDGET_S)
     except Exception:  # never worse than the unpadded plan
         return False
 
