@@ -12,7 +12,8 @@ Contract of ``choose(raw, candidates, limit)`` (``candidates``: names in order o
   passed candidate is ``settled`` against it when, pass by pass, the front runner beat it in
   significantly many passes (the same one-sided sign test, ``judge.sign_threshold``) or the two are
   within the A/A control's bias of each other (median of their per-pass ratio within
-  ``|aa_ratio - 1|`` of 1: a tie, where the candidate earlier in ``candidates`` is kept);
+  ``|aa_ratio - 1|`` of 1, over at least ``judge.MIN_PASSES`` passes: a tie, where the candidate
+  earlier in ``candidates`` is kept; over fewer passes the bias itself is not known yet);
 - ``inconclusive``: a candidate that is not settled against the front runner, or one whose own
   verdict is inconclusive with a median below the front runner's: the caller times another look
   and chooses on the looks pooled (``judge.pooled``), at most ``judge.MAX_LOOKS``; then the front
@@ -76,7 +77,8 @@ def choose(raw: Raw, candidates: Sequence[str], limit: float) -> Choice:
             continue
         ratios = per_pass(raw, front, c)
         beaten = sum(r < 1 for r in ratios) >= judge.sign_threshold(len(ratios))
-        tie = abs(versus[c] - 1) <= bias
+        # within the stock sessions' bias, on enough passes for that bias to mean something (fewer: more passes)
+        tie = abs(versus[c] - 1) <= bias and len(ratios) >= judge.MIN_PASSES
         if tie and candidates.index(c) < candidates.index(best) and (best == front or abs(versus[best] - 1) <= bias):
             best = c  # within the stock sessions' bias of the front runner: the preferred one
         if not beaten and not tie:
