@@ -202,3 +202,106 @@ def test_fused_conv_with_a_sum_input_pads_its_sum_too(block):
     assert fc.input[0] == fc.input[3] == "a"
     (got,), (ref,) = _run(padded, _x()), _run(model, _x())
     assert _close(got, ref) <= TOL
+
+
+# ------------------------------------------------------------------------------------------------
+# random chains: every op a component may hold, residual sums, squeeze-excite scales, readers outside
+# ------------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+STEPS = ("conv1x1", "conv3x3", "depthwise", "bn", "relu", "hardsigmoid", "clip", "mul_const", "div_const",
+         "add_const", "residual", "se", "maxpool", "flatten_reader", "output_reader", "tanh_div")
+
+
+@st.composite
+def padding_chains(draw):
+    """x [1, 3, H, W] -> Conv(3 -> c) -> random steps over channels c (or a new count after a conv)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    c = draw(st.integers(1, 20))
+    inits, nodes, outputs, count = [], [], [], [0]
+
+    def name(base):
+        count[0] += 1
+        return f"{base}{count[0]}"
+
+    def const(shape, positive=False):
+        a = rng.standard_normal(shape).astype(np.float32)
+        n = name("k")
+        inits.append(_init(n, np.abs(a) + 0.5 if positive else a))
+        return n
+
+    t = name("t")
+    nodes.append(helper.make_node("Conv", ["x", const((c, 3, 3, 3)), const((c,))], [t], pads=[1, 1, 1, 1]))
+    for step in draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=8)):
+        out = name("t")
+        if step in ("conv1x1", "conv3x3"):
+            co = draw(st.integers(1, 20))
+            k = 1 if step == "conv1x1" else 3
+            nodes.append(helper.make_node("Conv", [t, const((co, c, k, k)), const((co,))], [out], pads=[k // 2] * 4))
+            c = co
+        elif step == "depthwise":
+            nodes.append(helper.make_node("Conv", [t, const((c, 1, 3, 3))], [out], group=c, pads=[1, 1, 1, 1]))
+        elif step == "bn":
+            nodes.append(helper.make_node("BatchNormalization", [t, const((c,)), const((c,)), const((c,)),
+                                                                 const((c,), positive=True)], [out]))
+        elif step in ("relu", "hardsigmoid"):
+            nodes.append(helper.make_node({"relu": "Relu", "hardsigmoid": "HardSigmoid"}[step], [t], [out]))
+        elif step == "clip":
+            nodes.append(helper.make_node("Clip", [t, const(()), const(())], [out]))
+        elif step in ("mul_const", "add_const", "div_const"):
+            op = {"mul_const": "Mul", "add_const": "Add", "div_const": "Div"}[step]
+            nodes.append(helper.make_node(op, [t, const((1, c, 1, 1), positive=op == "Div")], [out]))
+        elif step == "residual":  # x + conv(x), same padding
+            mid = name("t")
+            nodes.append(helper.make_node("Conv", [t, const((c, c, 3, 3))], [mid], pads=[1, 1, 1, 1]))
+            nodes.append(helper.make_node("Add", [mid, t], [out]))
+        elif step == "se":  # x * sigmoid(conv(gap(x)))
+            g, s = name("t"), name("t")
+            nodes.append(helper.make_node("GlobalAveragePool", [t], [g]))
+            nodes.append(helper.make_node("Conv", [g, const((c, c, 1, 1)), const((c,))], [s]))
+            sig = name("t")
+            nodes.append(helper.make_node("Sigmoid", [s], [sig]))
+            nodes.append(helper.make_node("Mul", [t, sig], [out]))
+        elif step == "tanh_div":  # x / tanh(x): 0 in padded channels if they were padded
+            th = name("t")
+            nodes.append(helper.make_node("Tanh", [t], [th]))
+            nodes.append(helper.make_node("Div", [t, th], [out]))
+        elif step == "maxpool":
+            nodes.append(helper.make_node("MaxPool", [t], [out], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+        elif step == "flatten_reader":
+            nodes.append(helper.make_node("ReduceSum", [t], [out], keepdims=1))
+            outputs.append(out)
+            continue
+        elif step == "output_reader":
+            outputs.append(t)
+            continue
+        t = out
+    outputs.append(t)
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, w])],
+                              [onnx.ValueInfoProto(name=o) for o in dict.fromkeys(outputs)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    typed = [inferred[o.name] for o in model.graph.output]  # outputs typed as the checker wants them
+    del model.graph.output[:]
+    model.graph.output.extend(typed)
+    feeds = {"x": rng.standard_normal((1, 3, h, w)).astype(np.float32)}
+    return model, feeds, draw(st.sampled_from([4, 8, 16]))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(padding_chains())
+def test_random_chains_pad_without_changing_any_output(case):
+    """Every graph output keeps its shape and values (NaN where the original has NaN: x / tanh(x) at
+    x = 0 is the model's own), at blocks 4, 8 and 16."""
+    model, feeds, block = case
+    padded, result = channel_padding.pad_channels(model, block)
+    onnx.checker.check_model(padded)
+    for got, ref in zip(_run(padded, feeds), _run(model, feeds)):
+        assert got.shape == ref.shape
+        finite = np.isfinite(ref)
+        assert (np.isfinite(got) == finite).all()
+        if finite.any():
+            assert float(np.abs(got[finite] - ref[finite]).max()) <= 1e-4 * max(1.0, float(np.abs(ref[finite]).max()))
+    assert all(c % block for c in result.channels)  # only counts off the block are padded
