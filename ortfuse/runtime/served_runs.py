@@ -266,8 +266,11 @@ def remove(path: str) -> None:
 
 
 def _signal(process, name: str) -> None:
-    """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has ended."""
+    """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has been reaped: ``os.kill``
+    without ``Popen.send_signal``'s ``waitpid`` first (two per served run; a process that ended and
+    was not reaped keeps its pid, and only the tuning driver reaps it)."""
     import signal
 
     with contextlib.suppress(OSError, AttributeError):
-        process.send_signal(getattr(signal, name))
+        if process.returncode is None:
+            os.kill(process.pid, getattr(signal, name))
