@@ -85,8 +85,6 @@ def test_json_short_form_and_defaults_take_the_models_dtype():
     ("other rank", lambda f: _json_body({**f, "x": f["x"][0]}), 400, "(rank 3) but the model takes rank 4"),
     ("fixed dim", lambda f: _json_body({**f, "x": np.zeros((2, 4, 8, 8), np.float32)}), 400,
      "has 4 at dim 1 but the model takes 3"),
-    ("named dim disagrees", lambda f: _json_body({**f, "mask": np.zeros((3, 8), np.int64)}), 400,
-     "give dim 'batch' the values 2 and 3"),
     ("float data for an int input", lambda f: _json_body(f, mask={"data": [[0.5] * 8] * 2}), 400,
      "int64 but \"data\" holds non-integer numbers"),
     ("bools for a float input", lambda f: _json_body(f, x={"data": [True, False]}), 400, "holds booleans"),
@@ -155,6 +153,14 @@ def test_which_models_batch():
                          (TensorSpec("y", "float32", ("n", 3)),))
     fixed_output = Signature((TensorSpec("x", "float32", ("n", 3)),), (TensorSpec("y", "float32", (3,)),))
     assert not any(batching.batchable(s) for s in (fixed, two_dims, fixed_output))
+
+
+def test_dim_names_are_not_held_to_one_value_across_inputs():
+    """As ORT: Paddle exports name unrelated dims '?' alike; a request whose inputs differ in their first
+    dim passes the check and is batched with no other request."""
+    feeds = {**_feeds(2, 8), "mask": np.zeros((3, 8), np.int64)}
+    SIGNATURE.check(feeds)
+    assert batching.groups([_feeds(2, 8), feeds, _feeds(1, 8)]) == [[0, 2], [1]]
 
 
 def test_batch_groups_concat_and_split():

@@ -34,15 +34,17 @@ def key(feeds: Feeds) -> tuple:
 
 
 def rows(feeds: Feeds) -> int:
-    """The request's batch size (its inputs' first dim, equal across them once checked)."""
+    """The request's batch size (its inputs' first dim, equal across the requests ``groups`` joins)."""
     return next(iter(feeds.values())).shape[0]
 
 
 def groups(requests: list[Feeds]) -> list[list[int]]:
-    """Indices of ``requests`` grouped by ``key``, in order of first appearance."""
+    """Indices of ``requests`` grouped by ``key``, in order of first appearance; a request whose inputs
+    differ in their first dim (ORT does not hold dim names to one value) is a group of its own."""
     by_key: dict[tuple, list[int]] = {}
     for index, feeds in enumerate(requests):
-        by_key.setdefault(key(feeds), []).append(index)
+        alone = len({a.shape[0] if a.ndim else None for a in feeds.values()}) > 1
+        by_key.setdefault(("alone", index) if alone else key(feeds), []).append(index)
     return list(by_key.values())
 
 

@@ -2,10 +2,11 @@
 
 A ``Signature`` is read from the replica's session (ORT's ``get_inputs`` / ``get_outputs``): each
 tensor's name, numpy dtype and shape, where a dim is an int (fixed), a str (named dynamic dim) or
-None (unnamed dynamic dim). ``check(feeds)`` accepts exactly what the session runs: every input
-present and no other, each with the model's dtype and rank, fixed dims equal, and a named dim given
-one value across the inputs; else ``RequestError`` with one sentence saying what is wrong and what
-to send instead (HTTP 400).
+None (unnamed dynamic dim). ``check(feeds)`` accepts what ORT accepts at its inputs: every input
+present and no other, each with the model's dtype and rank, and fixed dims equal; else
+``RequestError`` with one sentence saying what is wrong and what to send instead (HTTP 400). Dim
+names are not checked across inputs: ORT does not enforce them (exporters name unrelated dims alike,
+Paddle's "?"), an op that needs them equal fails in the run.
 """
 
 from __future__ import annotations
@@ -76,7 +77,6 @@ class Signature:
         for name in feeds:
             if self.input(name) is None:
                 raise RequestError(f"unknown input '{name}': the model takes {self.inputs_text()}; send those names")
-        named: dict[str, tuple[int, str]] = {}  # dim name -> (value, input that gave it)
         for spec in self.inputs:
             if spec.name not in feeds:
                 raise RequestError(f"missing input {spec.describe()}: send every input the model takes "
@@ -92,11 +92,6 @@ class Signature:
                 if isinstance(want, int) and want != got:
                     raise RequestError(f"input '{spec.name}' has {got} at dim {axis} but the model takes {want} "
                                        f"there, {spec.describe()}: send shape {_fixed_example(spec, array.shape)}")
-                if isinstance(want, str):
-                    seen = named.setdefault(want, (got, spec.name))
-                    if seen[0] != got:
-                        raise RequestError(f"inputs '{seen[1]}' and '{spec.name}' give dim '{want}' the values "
-                                           f"{seen[0]} and {got}: the model needs one value for it in all inputs")
 
 
 def _fixed_example(spec: TensorSpec, got: tuple[int, ...]) -> list[int]:
