@@ -58,8 +58,8 @@ THREADS = 64
 KILL_AT = 40  # requests sent when a model replica's process is killed
 LOAD = 120  # requests at least, and until the replacements answered
 REPLACEMENT_ANSWERS = 3  # answers of each replacement, at least
-LOAD_S = 180  # the load's bound in time
-MAX_REQUESTS = 1000  # and in count
+LOAD_S = 150  # the load's bound in time
+MAX_REQUESTS = 3000  # and in count (the time bound comes first)
 # each request waits up to this long in its replica for others to batch with: requests of equal shapes run
 # as one batch, and the replicas killed under load hold requests
 BATCH_WAIT_MS = 200
