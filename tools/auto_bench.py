@@ -70,6 +70,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -315,7 +316,10 @@ def run_child(name: str, args) -> dict:
     env.setdefault("ORTFUSE_OPS_LIBRARY", str(library_path()))
     env.pop("ORTFUSE_TUNE", None)
     argv = [sys.executable, __file__, "--child", name, *sys.argv[1:]]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=args.wait + 900)
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=args.wait + 900)
+    finally:  # the run's empty cache, filled by this run only (plans, decisions, layout choices)
+        shutil.rmtree(env["ORTFUSE_CACHE_DIR"], ignore_errors=True)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         return {"model": name, "error": (done.stderr or done.stdout).strip()[-2000:]}
