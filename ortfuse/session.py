@@ -37,7 +37,7 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.catalogue import UnknownPatternError
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir.metadata import MetadataError
-from ortfuse.kernels.reference_runs import refuse_missing_inputs, run_guarded, status_message
+from ortfuse.kernel_choice.reference_runs import refuse_missing_inputs, run_guarded, status_message
 from ortfuse.runtime.live_tuning import LiveTuning, status_of
 from ortfuse.runtime.options_copy import with_fused_ops
 from ortfuse.runtime.planning import Prepared, prepare, saved_fused_ops, stepped_aside

@@ -10,7 +10,7 @@ import onnxruntime
 from onnx import helper
 
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernel_choice.op_registration import with_custom_ops
 
 
 def native_options(ops, threads: int = 2) -> onnxruntime.SessionOptions:

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ortfuse
 from ortfuse.foundation import isa
 from ortfuse.fusion.rules.gemm_act import AMX_OP
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 from ortfuse.runtime import plan_cache
 
 import amx_reference

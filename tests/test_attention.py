@@ -20,7 +20,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from ortfuse import fuse
 from ortfuse.fusion.rules import attention
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 FORMS = ("attention_bias", "attention_mask", "mha_bias", "mha_mask")
 RAW_MASK_FORMS = ("attention_mask", "mha_mask")

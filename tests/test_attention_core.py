@@ -15,7 +15,7 @@ from native_sessions import native_options, one_op_session
 from ortfuse import fuse
 from ortfuse.fusion.provenance import native_op_types
 from ortfuse.fusion.rules import attention
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 OP = attention.CORE_OP
 

@@ -16,7 +16,7 @@ import ortfuse
 from ortfuse import fuse
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.provenance import native_op_types
-from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernel_choice.op_registration import with_custom_ops
 from ortfuse.layout import blocked_scale, planner
 from ortfuse.layout.probe import block_size
 

@@ -152,7 +152,7 @@ def test_every_folder_is_0700_and_every_file_0600_under_umask_022(tmp_path):
         import os
         os.umask(0o022)
         import ortfuse
-        from ortfuse.kernels import ranking
+        from ortfuse.kernel_choice import ranking
         from ortfuse.layout import choice_cache
         from ortfuse.models import cache as model_cache
         assert ortfuse.InferenceSession({path!r}, fusion=True).fusion_report.applied
@@ -360,7 +360,7 @@ def _alive(pid: int) -> bool:
 
 WRITER = """
 import sys
-from ortfuse.kernels import ranking
+from ortfuse.kernel_choice import ranking
 from ortfuse.layout import choice_cache
 tag, n = sys.argv[1], int(sys.argv[2])
 sys.stdin.readline()  # both writers start together
@@ -373,7 +373,7 @@ for i in range(n):
 def test_two_processes_merging_one_cache_lose_no_entry(tmp_path):
     """Layout choices and the kernel ranking are read, merged and written by every process that
     times something: two writers at once keep every entry of both."""
-    from ortfuse.kernels import ranking
+    from ortfuse.kernel_choice import ranking
     from ortfuse.layout import choice_cache
 
     n = 150

@@ -15,7 +15,7 @@ from ortfuse.custom_ops.kernels.conv_filters import deconv_reference as referenc
 from ortfuse.custom_ops.kernels.conv_filters import pack_deconv_filter as pack_filter
 from ortfuse.custom_ops.native.ops.deconv_s2 import OP, OP2
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernel_choice.op_registration import with_custom_ops
 from ortfuse.layout import deconv, winograd
 from ortfuse.layout.probe import block_size
 

@@ -97,7 +97,7 @@ def test_the_planned_layout_never_adds_reorders_and_keeps_the_outputs(name):
     """The layout step (what a fused session loads at ORT_ENABLE_ALL) holds at most the reorders ORT
     left in the fused model, and its note names the count before and after; outputs as above."""
     from ortfuse.fusion.provenance import native_op_types
-    from ortfuse.kernels.op_registration import with_custom_ops
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
     from ortfuse.layout import blocked_scale, planner
 
     model = onnx.load(str(models.build(name)))

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from ortfuse import fuse, models
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import node_attrs
 from ortfuse.fusion.provenance import native_op_types
-from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernel_choice.op_registration import with_custom_ops
 from ortfuse.layout import blocked_scale, planner, regions, winograd
 from ortfuse.layout.probe import block_size
 

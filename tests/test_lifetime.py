@@ -132,7 +132,7 @@ ISA_PROBE = r"""
 import json, sys, numpy as np, onnxruntime
 sys.path.insert(0, sys.argv[1])
 import ortfuse
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 from test_lifetime import _session_zoo
 out = {"native_isa": registry.native_isa(), "sessions": {}}
 for name, data, patterns, feeds, stock in _session_zoo():

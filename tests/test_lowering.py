@@ -23,7 +23,7 @@ from ortfuse.fusion import catalogue
 from ortfuse.fusion.provenance import is_rewritten, native_op_types
 from ortfuse.fusion.report import DISABLED, REJECTED
 from ortfuse.fusion.rulekit.lowering import LABEL_PREFIX
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 from pattern_graphs import (
     CONV_EPILOGUES,

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortfuse
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 from pattern_graphs import CPU, GraphBuilder, epi_hardsigmoid_mul, epi_hardswish_div_mul, epi_silu, tolerance
 
@@ -179,7 +179,7 @@ def test_saved_float16_fused_model_runs_in_a_fresh_session():
 ISA_PROBE = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 from test_native_f16 import SIZES, _check, _model
 for kind in ("add_relu", "hardswish", "silu"):
     for shape in SIZES:

@@ -238,7 +238,7 @@ def test_rank_above_the_native_limit_uses_the_reference_kernel():
 def test_native_rank_limit_mirrors_the_kernels():
     """registry.NATIVE_MAX_RANK (used at rewrite time) is the limit the native kernels enforce."""
     from ortfuse.custom_ops.native.words import MAX_RANK
-    from ortfuse.kernels import registry
+    from ortfuse.kernel_choice import registry
 
     assert registry.NATIVE_MAX_RANK == MAX_RANK
 

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # the packages whose docstring is the list of their modules (the others describe their job in prose)
-LISTING = ["ortfuse/bench", "ortfuse/foundation", "ortfuse/kernels", "ortfuse/runtime", "ortfuse/tune",
+LISTING = ["ortfuse/bench", "ortfuse/foundation", "ortfuse/kernel_choice", "ortfuse/runtime", "ortfuse/tune",
            "custom_ops/aot", "custom_ops/kernels", "custom_ops/native"]
 
 

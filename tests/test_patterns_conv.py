@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortfuse import fuse
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 from pattern_checks import (
     Case,

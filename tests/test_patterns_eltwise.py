@@ -12,7 +12,7 @@ import ortfuse
 from ortfuse import fuse
 from ortfuse.fusion.report import REJECTED
 from ortfuse.fusion.rulekit.epilogues import hardsigmoid_as_hardswish
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 from pattern_checks import (
     ATOL,

@@ -1,4 +1,4 @@
-"""The kernel ranking measured on this machine (ortfuse.kernels.ranking, ortfuse.tune.rank_kernels,
+"""The kernel ranking measured on this machine (ortfuse.kernel_choice.ranking, ortfuse.tune.rank_kernels,
 ``ortfuse rank``): selection follows a stored order, "ort" first leaves the class to ORT with its
 nodes claimed, a ranking of other versions or ``ORTFUSE_RANKING=off`` falls back to the static
 table, a new ranking makes cached plans stale, and measuring it on a small model times every
@@ -19,8 +19,8 @@ import ortfuse
 from ortfuse import fuse
 from ortfuse.cli import main as cli_main
 from ortfuse.fusion.report import DISABLED
-from ortfuse.kernels import ranking
-from ortfuse.kernels.selection import LEFT_TO_ORT
+from ortfuse.kernel_choice import ranking
+from ortfuse.kernel_choice.selection import LEFT_TO_ORT
 from ortfuse.tune import rank_kernels as measuring
 
 HARDSWISH = ranking.class_of("FusedConvAct", "hardswish", "float32")

@@ -10,7 +10,7 @@ import onnxruntime
 import pytest
 
 import ortfuse
-from ortfuse.kernels import op_registration, registry
+from ortfuse.kernel_choice import op_registration, registry
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
 
@@ -177,7 +177,7 @@ def test_target_level_is_what_numba_compiles_for():
 LABEL_PROBE = """
 import json, os
 from ortfuse.foundation import isa
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 import ortfuse
 from model_fixtures import ffn_matmul_add_relu
 sel = registry.select("FusedAddRelu", prefer="native")

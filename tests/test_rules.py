@@ -30,7 +30,7 @@ import pytest
 from ortfuse import fuse
 from ortfuse.fusion import catalogue, rules
 from ortfuse.fusion.report import REJECTED
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 from pattern_graphs import assert_outputs_close, check_group, fused_groups, run_ortfuse, run_stock
 

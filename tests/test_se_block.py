@@ -19,7 +19,7 @@ from onnx import helper
 from ortfuse.custom_ops.kernels.squeeze_excite import reference
 from ortfuse.custom_ops.native.ops import se_block as native_se
 from ortfuse.custom_ops.specs import DOMAIN
-from ortfuse.kernels.op_registration import with_custom_ops
+from ortfuse.kernel_choice.op_registration import with_custom_ops
 
 OP, OP_ADD = native_se.OP, native_se.OP_ADD
 TOL = 1e-4

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ortfuse
 from ortfuse.foundation.session_options import DIMS_KEY
 from ortfuse.fusion.report import DISABLED, FUSED
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 from ortfuse.tune import decisions as tune_decisions
 from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner as tune

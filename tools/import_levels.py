@@ -47,7 +47,7 @@ LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("native op families", ("custom_ops.native.ops.*",)),
     ("registration", ("custom_ops.registration",)),
     ("ops library build", ("custom_ops.aot.build", "custom_ops.aot.objects", "custom_ops.aot.glue")),
-    ("kernels", ("kernels.*",)),
+    ("kernel choice", ("kernel_choice.*",)),
     ("fusion pipeline", ("fusion.*",)),
     ("layout", ("layout.*",)),
     ("tune", ("tune.*",)),

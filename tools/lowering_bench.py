@@ -55,7 +55,7 @@ from ortfuse.foundation.protocol import measure, ratio
 from ortfuse.fusion import catalogue
 from ortfuse.fusion.catalogue import spec_for_op_type
 from ortfuse.fusion.rewrite import fuse
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 PATTERNS = tuple(rule.id for rule in catalogue.RULES if rule.lowering)  # the patterns with lowering forms
 DEFAULT_CASES = ("resnet50:1", "mobilenetv3_block:1", "mlp_gemm_relu_gelu:1", "mlp_gemm_relu_gelu:64", "bert_encoder:1")

@@ -20,7 +20,7 @@ from ortfuse.fusion.rulekit.lowering import label_of
 from ortfuse.fusion.rulekit.result import Match
 from ortfuse.ir import metadata
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import registry
+from ortfuse.kernel_choice import registry
 
 PROVENANCE_DOC = re.compile(r"^ortfuse (\S+): replaces (.*)$")
 

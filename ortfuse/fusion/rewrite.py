@@ -3,7 +3,7 @@ pipeline in order (docs/ARCHITECTURE.md §1).
 
 For each requested rule in catalogue priority: its candidates, anchors in graph order, no node
 claimed twice (``match``) -> legality beyond the rule's own checks (``legality``) -> the kernel
-(``kernels.selection``) -> the keep policy -> naming (``provenance``); then the decided matches are
+(``kernel_choice.selection``) -> the keep policy -> naming (``provenance``); then the decided matches are
 written into the graph (``apply``), the metadata set, and ``onnx.checker`` run. The input model is
 never modified.
 """
@@ -28,8 +28,8 @@ from ortfuse.fusion.rulekit.lowering import label_of
 from ortfuse.fusion.rulekit.result import Match, Reject
 from ortfuse.ir import metadata
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import registry
-from ortfuse.kernels.selection import LEFT_TO_ORT, choose_kernel
+from ortfuse.kernel_choice import registry
+from ortfuse.kernel_choice.selection import LEFT_TO_ORT, choose_kernel
 
 MIN_OPSET = 7
 
@@ -53,7 +53,7 @@ def fuse(model: onnx.ModelProto, fusion_patterns: Iterable[str] | str | None = N
     paths (``"reference"`` forces the numpy reference path; ``"native"``, ``"lowered"`` or
     ``"lowered:<form>"`` likewise; ``"ort"`` leaves matches to ORT); a match with no kernel stays
     unfused, with the reason. A callable gives that preference per match (None: the default order,
-    which puts the ranking measured on this machine first, ``ortfuse.kernels.ranking``).
+    which puts the ranking measured on this machine first, ``ortfuse.kernel_choice.ranking``).
     ``keep`` (the auto policy, ``ortfuse verify``'s bisection) sees each legal match, identified by
     pattern id and original node names, and may leave it unfused: it is then reported as disabled
     by policy with the reason ``keep`` returned, and its nodes are still not matched by another pattern.

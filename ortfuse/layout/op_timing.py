@@ -61,7 +61,7 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
     import onnxruntime as ort
 
     from ortfuse.foundation.session_options import measuring_options
-    from ortfuse.kernels.op_registration import with_custom_ops
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
 
     level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so, why_not = with_custom_ops(measuring_options(level, threads=threads), native_ops, python_ops=False)

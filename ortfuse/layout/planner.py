@@ -123,7 +123,7 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
     import onnxruntime as ort
 
     from ortfuse.foundation.session_options import make_options
-    from ortfuse.kernels.op_registration import with_custom_ops
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
 
     with tempfile.TemporaryDirectory() as tmp:
         so = make_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)

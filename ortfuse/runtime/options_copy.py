@@ -11,7 +11,7 @@ registers its ops on the caller's object as it always did, and the report says s
 
 A registered copy is made once per distinct settings and op set and shared by the sessions that ask
 for it: registering the extensions library keeps a few KiB until the process exits
-(``kernels.op_registration.with_custom_ops``), so a process reusing one options object for many
+(``kernel_choice.op_registration.with_custom_ops``), so a process reusing one options object for many
 sessions stays flat. What a copy cannot follow: a load-cancellation flag set on the caller's options
 while a session is being created (``set_load_cancellation_flag`` called before is replayed).
 """
@@ -112,7 +112,7 @@ def with_fused_ops(sess_options, native_ops: frozenset, python_ops: bool) -> tup
     """(options carrying ortfuse's ops for a fused session, why the native ops could not be
     registered or "", a note for the report or ""). ``sess_options`` is left unchanged when it can be
     copied (None, ``ortfuse.SessionOptions``); otherwise the ops are registered on it, with the note."""
-    from ortfuse.kernels.op_registration import with_custom_ops
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
 
     if sess_options is None:
         return (*with_custom_ops(None, native_ops, python_ops), "")

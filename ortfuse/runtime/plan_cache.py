@@ -8,7 +8,7 @@ depends on in the session options (optimization level, intra-op threads, ``ortfu
 ``ORTFUSE_PRECISION``, ``ORTFUSE_LAYOUT``, ``ORTFUSE_WINOGRAD``, ``ORTFUSE_SE_BLOCK``, ``ORTFUSE_CHANNEL_PADDING``,
 ``ORTFUSE_DEPTHWISE``, numba's target ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``), this CPU, the
 onnxruntime / extensions / numba versions, the kernel ranking measured on this machine
-(``ortfuse.kernels.ranking``), and a digest of ortfuse's own source files (a changed rewriter never
+(``ortfuse.kernel_choice.ranking``), and a digest of ortfuse's own source files (a changed rewriter never
 serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
 a cache hit costs no more memory than stock ORT. A plan is thus used only for the exact bytes it was
 made from; the same bytes at another path (a deployment folder, a container) find it. A file's
@@ -41,13 +41,13 @@ from ortfuse.foundation.cache_paths import PLANS, cache_dir
 from ortfuse.foundation.files import content_digest, file_state, write_atomic
 from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
 from ortfuse.ir.metadata import external_locations
-from ortfuse.kernels import ranking
+from ortfuse.kernel_choice import ranking
 
 FORMAT = 2  # 2: keyed by content, dependencies by digest
 MAX_BYTES = 2 * 2**30
 PROTOBUF_LIMIT = 2**31 - 1  # a model with more external data than this is left to ORT (planning)
 MAX_HELD = 64  # plan files one process holds locked against trimming
-# spelled here, not imported from their readers (custom_ops.registration, the tuner, kernels.registry):
+# spelled here, not imported from their readers (custom_ops.registration, the tuner, kernel_choice.registry):
 # a cache hit imports no kernel, rewrite or onnx code
 # NUMBA_CPU_*: the instruction set numba compiles the native kernels for, named in the report's labels
 _ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION", "ORTFUSE_LAYOUT", "ORTFUSE_WINOGRAD",

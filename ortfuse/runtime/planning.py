@@ -28,7 +28,7 @@ from ortfuse.foundation.session_options import PRECISION_OPTION, config_entry, t
 from ortfuse.fusion.catalogue import check_pattern_ids, validate_patterns
 from ortfuse.fusion.report import FusionReport
 from ortfuse.ir import metadata
-from ortfuse.kernels.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
+from ortfuse.kernel_choice.op_registration import REUSED_OPTIONS, warn_native_fallback, with_custom_ops
 from ortfuse.runtime.options_copy import supplies_initializers, with_fused_ops
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ def prepare(source, sess_options, fusion, fusion_patterns, *, mode: str | None =
         if note:
             report.notes.append(note)
         if why_not:
-            from ortfuse.kernels.registry import LOWERED_ONLY, NO_NATIVE
+            from ortfuse.kernel_choice.registry import LOWERED_ONLY, NO_NATIVE
 
             # options registered before without these ops: rather than the slow reference kernels,
             # only lowered fusions (ORT's own ops); the other matches stay as ORT runs them
@@ -348,8 +348,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     failure = (used.failure or "") if used is not None else ""
     if used is not None:
         depends = None if not used.cacheable else [used.path] if used.path else ([] if used.measured else None)
-    fused, report = fuse(model, patterns, kernels, keep=keep,
-                         precision=config_entry(sess_options, PRECISION_OPTION) or None)  # opt-in: kernels.registry
+    precision = config_entry(sess_options, PRECISION_OPTION) or None  # opt-in: kernel_choice.registry
+    fused, report = fuse(model, patterns, kernels, keep=keep, precision=precision)
     if used is not None:
         used.annotate(report)
     if stale:

@@ -6,6 +6,6 @@
     lookup          whether decisions may exist for a model, from its serialized bytes (no onnx)
     judge           whether a timed plan beats stock ORT beyond the noise of the same timing
     output_check    fused outputs against stock ORT's, and the tolerances of every such check
-    rank_kernels    measuring the kernel ranking in the whole model (``ortfuse rank``; stored by kernels.ranking)
+    rank_kernels    measuring the kernel ranking in the whole model (``ortfuse rank``; stored by kernel_choice.ranking)
     kernel_compile  the native kernels a plan needs, compiled in a child process that can be stopped
 """

@@ -37,7 +37,7 @@ def compile_here(fused) -> None:
     import onnxruntime as ort
 
     from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
-    from ortfuse.kernels.op_registration import with_custom_ops
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
 
     if not needs_kernels(fused):
         return

@@ -48,9 +48,9 @@ from ortfuse.foundation.session_options import PRECISION_OPTION, measuring_optio
 from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 from ortfuse.fusion.rewrite import fuse
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import registry
-from ortfuse.kernels.op_registration import warn_native_fallback, with_custom_ops
-from ortfuse.kernels.reference_runs import run_guarded
+from ortfuse.kernel_choice import registry
+from ortfuse.kernel_choice.op_registration import warn_native_fallback, with_custom_ops
+from ortfuse.kernel_choice.reference_runs import run_guarded
 from ortfuse.tune import judge, plan_choice, steps
 from ortfuse.tune.decisions import MARGIN, MODEL_LIMIT, Decision, Tuning, budget_reason, constants_digest
 from ortfuse.tune.output_check import BF16_MATCH_ATOL, BF16_MATCH_RTOL, CHECK_ATOL, CHECK_RTOL, differing_output

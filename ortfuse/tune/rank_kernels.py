@@ -1,4 +1,4 @@
-"""Measuring the kernel ranking of this machine (stored by ``ortfuse.kernels.ranking``) on a model, in
+"""Measuring the kernel ranking of this machine (stored by ``ortfuse.kernel_choice.ranking``) on a model, in
 context: for each class of matches (fused op, epilogue, dtype) with more than one candidate, the
 whole model runs once per candidate serving every match of the class (the other classes on their
 static choice) and once with the class left to ORT, all in one interleaved run (single runs A B B A,
@@ -27,9 +27,9 @@ from ortfuse.fusion.provenance import native_op_types, reference_op_inputs
 from ortfuse.fusion.rewrite import fuse
 from ortfuse.fusion.rulekit.result import Match
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import ranking, registry
-from ortfuse.kernels.op_registration import with_custom_ops
-from ortfuse.kernels.selection import choose_kernel
+from ortfuse.kernel_choice import ranking, registry
+from ortfuse.kernel_choice.op_registration import with_custom_ops
+from ortfuse.kernel_choice.selection import choose_kernel
 
 MARGIN = 0.03  # a candidate displaces the static choice only when this much faster, in every repeat
 KEEP_LIMIT = 0.99  # auto keeps a class when its kernel runs the whole model at most this fraction of ORT's

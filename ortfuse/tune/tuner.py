@@ -36,7 +36,7 @@ from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_
 from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
-from ortfuse.kernels import ranking, registry
+from ortfuse.kernel_choice import ranking, registry
 from ortfuse.tune import lookup, steps
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning

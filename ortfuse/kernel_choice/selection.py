@@ -1,7 +1,7 @@
 """The kernel of one match: the registry's candidates for its op, dtype and epilogue, each checked
 against the match (a native kernel's rank limit, attributes and misfit; a lowering form's build),
 the first that fits chosen (docs/ARCHITECTURE.md §5). Without a preference, the order measured on
-this machine (``ortfuse.kernels.ranking``) comes first, the registry's static priorities after it;
+this machine (``ortfuse.kernel_choice.ranking``) comes first, the registry's static priorities after it;
 a measured order that puts ORT first leaves the match to ORT (``LEFT_TO_ORT``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ortfuse.fusion import catalogue
 from ortfuse.fusion.rulekit.lowering import Context
 from ortfuse.fusion.rulekit.result import Lowered, Match
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.kernels import ranking, registry
+from ortfuse.kernel_choice import ranking, registry
 
 
 def lower(form: str, m: Match, ctx: Context) -> Lowered | str:
