@@ -88,10 +88,12 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
                              native_ops, disabled_optimizers, threads)
     if padded is not None and (plain is None or _padding_wins(plain, padded, original, native_ops, threads)):
         chosen, done = padded, [padding.summary()]
+        _native_convs(chosen, padding.shape_of(shape), block, threads)
     elif plain is None:
         return None, why_not
     else:
         chosen, done = plain, []
+        _native_convs(chosen, shape, block, threads)
     done += chosen.done
     if not done:
         return None, f"layout: nothing for ortfuse to run blocked ({chosen.before} reorders left by ORT){chosen.failed}"
@@ -118,8 +120,9 @@ class _Blocked:
 
 def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops: frozenset, disabled_optimizers,
              threads: int) -> tuple[_Blocked | None, str]:
-    """ORT's optimization of ``data`` (``fused`` serialized) with the blocked rewrites applied, or None
-    and why ORT could not optimize it. ``shape``: dims by tensor name, as the rewrites read them."""
+    """ORT's optimization of ``data`` (``fused`` serialized) with the untimed blocked rewrites applied
+    (channel scales, regions), or None and why ORT could not optimize it. ``shape``: dims by tensor
+    name, as the rewrites read them."""
     import onnxruntime as ort
 
     from ortfuse.foundation.session_options import make_options
@@ -145,6 +148,17 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
         grown = regions.run_blocked_regions(optimized.graph, shape, block)
     except Exception as exc:  # never worse than the plan without regions
         grown, failed = regions.RegionResult(), f"; regions left to ORT ({type(exc).__name__}: {exc})"
+    done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
+    done += [grown.summary()] if grown.regions else []
+    native = frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
+    return _Blocked(optimized, native, done, before, failed), ""
+
+
+def _native_convs(chosen: _Blocked, shape, block: int, threads: int) -> None:
+    """The rewrites timed op by op on this machine, applied to ``chosen`` (its graph, native ops, summaries
+    and failures updated): Winograd 3x3 convs, stride-2 ConvTransposes, squeeze-excite blocks as one op,
+    depthwise convs. Run on the form the plan keeps only: their probes are the costly part of planning."""
+    optimized, failed = chosen.graph, ""
     cold = op_timing.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
     try:
         wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold))
@@ -165,16 +179,13 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
     except Exception as exc:  # never worse than the plan without them
         dw = depthwise.DepthwiseResult()
         failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"
-    done = [f"{moved} squeeze-excite scale(s) run blocked ({blocked_scale.OP})"] if moved else []
-    done += [grown.summary()] if grown.regions else []
-    done += [wino.summary()] if wino.replaced else []
-    done += [up.summary()] if up.replaced else []
-    done += [se.summary()] if se.summary() else []
-    done += [dw.summary()] if dw.summary() else []
-    native = (frozenset({blocked_scale.OP} if moved else set()) | frozenset(grown.native_ops)
-              | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
-              | frozenset({depthwise.OP} if dw.replaced else set()))
-    return _Blocked(optimized, native, done, before, failed), ""
+    chosen.done += [wino.summary()] if wino.replaced else []
+    chosen.done += [up.summary()] if up.replaced else []
+    chosen.done += [se.summary()] if se.summary() else []
+    chosen.done += [dw.summary()] if dw.summary() else []
+    chosen.native = (chosen.native | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
+                     | frozenset({depthwise.OP} if dw.replaced else set()))
+    chosen.failed += failed
 
 
 PADDING_ENV = "ORTFUSE_CHANNEL_PADDING"
