@@ -24,11 +24,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -69,6 +71,8 @@ MAX_BATCH = 16
 # job's runtime_env (ray.init), not in an actor's, where Serve puts the replicas' one
 SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ortfuse.serve.startup sets it in a process it runs in
+DRIVER_S = 120  # one answer of the driver process
 
 
 @dataclass
@@ -229,13 +233,73 @@ def fleet(tmp_path_factory):
         print(f"ortfuse serve exited with {code}; its output: {command.lines}")
 
 
-def _replicas(cluster: str) -> dict[str, str]:
-    """{replica id: actor name} of the model deployments' replicas, read by a driver joined to ``cluster``."""
+DRIVER = textwrap.dedent("""
+    import json, os, sys
+    os.environ["RAY_AUTH_MODE"] = "token"
+    from ortfuse.serve import startup
+    startup.connect(sys.argv[1])
     import ray
+    print(json.dumps("joined"), flush=True)
+    for line in sys.stdin:
+        command, _, name = line.strip().partition(" ")
+        if command == "kill":
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+            print(json.dumps("killed"), flush=True)
+        else:
+            named = [n["name"] for n in ray.util.list_named_actors(all_namespaces=True)]
+            print(json.dumps({n.rsplit("#", 1)[1]: n for n in named
+                              if n.startswith("SERVE_REPLICA::") and "#model#" in n}), flush=True)
+    ray.shutdown()
+""")
 
-    names = ray.util.list_named_actors(all_namespaces=True)
-    return {n["name"].rsplit("#", 1)[1]: n["name"] for n in names
-            if n["name"].startswith("SERVE_REPLICA::") and "#model#" in n["name"]}
+
+class Driver:
+    """A Ray driver joined to the running instance, in a process of its own (this process may have imported
+    Ray already, which would then take this machine's network address, not loopback): lists the model
+    replicas ({replica id: actor name}) and kills one with ``ray.kill``. The instance runs with Ray's token
+    authentication (its default for a local instance), which a driver given an address uses only when
+    told to (RAY_AUTH_MODE=token; the token is the one the instance wrote in this user's ~/.ray)."""
+
+    def __init__(self, cluster: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != LOOPBACK_ENV}
+        self.process = subprocess.Popen([sys.executable, "-c", DRIVER, cluster], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self._answer() == "joined"
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put("null")
+
+    def _answer(self):
+        try:
+            return json.loads(self.lines.get(timeout=DRIVER_S))
+        except queue.Empty:
+            raise AssertionError(f"the driver did not answer in {DRIVER_S} s") from None
+
+    def _send(self, line: str):
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def replicas(self) -> dict[str, str]:
+        return self._send("list")
+
+    def kill(self, name: str) -> None:
+        assert self._send(f"kill {name}") == "killed"
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(DRIVER_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
 
 
 def _live_replica_pids(fleet: Fleet) -> list[int]:
@@ -254,17 +318,9 @@ def test_replicas_tune_once_and_replicas_killed_under_load_lose_no_answer(fleet)
     assert len({a.replica for a in warm if a.fused}) == 2, "both replicas fused after the warm-up"
     assert len(list(fleet.store.glob("*.plan"))) == 1 and len(_tunings(fleet)) == 1
 
-    from ortfuse.serve import startup
-
-    # a driver of the running instance, to kill a replica; the instance runs with Ray's token
-    # authentication (its default for a local instance), which a driver given an address joins only
-    # when told to (the token is the one the instance wrote in this user's ~/.ray)
-    os.environ[AUTH_MODE_ENV] = "token"
-    startup.connect(fleet.cluster)
-    import ray
-
+    driver = Driver(fleet.cluster)
     try:
-        before = _replicas(fleet.cluster)
+        before = driver.replicas()
         pids = _live_replica_pids(fleet)
         assert len(before) == 2 and len(pids) == 2, (before, pids)
         client, futures, crashed, killed = Client(fleet.url, fleet.model), [], 0, ""
@@ -281,16 +337,15 @@ def test_replicas_tune_once_and_replicas_killed_under_load_lose_no_answer(fleet)
                     crashed = pids[0]
                     os.kill(crashed, signal.SIGKILL)
                 if crashed and not killed and new:  # the first replacement answers: kill the other original
-                    survivors = set(before) & set(_replicas(fleet.cluster))
+                    survivors = set(before) & set(driver.replicas())
                     if len(survivors) == 1:
                         killed = survivors.pop()
-                        ray.kill(ray.get_actor(before[killed], namespace="serve"), no_restart=True)
+                        driver.kill(before[killed])
                 time.sleep(INTERVAL_S)
             answers = [f.result() for f in futures]
-        after = _replicas(fleet.cluster)
+        after = driver.replicas()
     finally:
-        ray.shutdown()
-        del os.environ[AUTH_MODE_ENV]
+        driver.close()
 
     wrong = [a for a in answers if a.status == 200 and not a.error <= TOL]
     failed = [a for a in answers if a.status != 200]

@@ -21,6 +21,9 @@ import signal
 import sys
 import threading
 
+STARTUP_S = 600  # with --duration: how long starting and stopping may take beyond it before SIGALRM ends it
+STOP_S = 120
+
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="path of the .onnx model (every replica reads it at that path), or a zoo or "
@@ -50,7 +53,8 @@ def add_arguments(p) -> None:
     p.add_argument("--runtime-env-json", default=None, metavar="JSON",
                    help="a Ray runtime_env for the model replicas, e.g. '{\"env_vars\": {\"ORTFUSE_TUNE\": \"sync\"}}'")
     p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="stop after S seconds (default: run until Ctrl-C or SIGTERM)")
+                   help="stop after S seconds of serving (default: run until Ctrl-C or SIGTERM); the process ends "
+                        "at the latest 12 minutes later, however its start or stop goes")
 
 
 def run(args) -> int:
@@ -64,9 +68,9 @@ def run(args) -> int:
         return 2
     from ortfuse.serve import startup  # imports no Ray: connect sets the loopback switch before Ray's import
 
+    if args.duration is not None:  # the process ends by then however its start or stop goes (SIGALRM)
+        signal.alarm(int(STARTUP_S + args.duration + STOP_S))
     stop = threading.Event()
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stop.set())
     served = None
     try:
         local = startup.connect(args.address, num_cpus=args.num_cpus,
@@ -78,8 +82,13 @@ def run(args) -> int:
                                      max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1e3,
                                      ray_actor_options=options["actor"])
         served = startup.deploy(app, options["name"], args.route_prefix, args.host, args.port, local)
+        for number in (signal.SIGINT, signal.SIGTERM):  # from now on a signal stops the serving cleanly
+            signal.signal(number, lambda *_: stop.set())
         _print_ready(args, path, signature, served, options["plan_store"])
         stop.wait(args.duration)
+    except KeyboardInterrupt:
+        print("ortfuse serve: interrupted while starting", file=sys.stderr)
+        return 130
     except startup.ServeError as exc:
         print(f"ortfuse serve: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.request
 from dataclasses import dataclass
 
@@ -43,6 +44,10 @@ def connect(address: str | None = None, object_store_mb: int = OBJECT_STORE_MB, 
             temp_dir: str | None = None) -> bool:
     """Start the local loopback instance (``address`` None) or join ``address``; True when started here."""
     if address is None or address.split(":")[0] in (LOOPBACK, "localhost"):
+        if "ray" in sys.modules and os.environ.get(LOOPBACK_ENV) != "0":
+            raise ServeError(f"Ray was imported in this process before {LOOPBACK_ENV}=0 was set, so it would take "
+                             "this machine's network address instead of loopback: set that variable in the "
+                             "environment, or connect before importing Ray")
         os.environ[LOOPBACK_ENV] = "0"
     import ray
 
