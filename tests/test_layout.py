@@ -111,3 +111,14 @@ def test_code_cites_only_documents_in_the_repository():
     citing = [str(p.relative_to(ROOT)) for p in files if p != Path(__file__).resolve() and "DESIGN.md" in p.read_text()]
     assert citing == []
     assert (ROOT / "docs" / "ARCHITECTURE.md").is_file()
+
+
+def test_committed_data_files_stay_under_two_mebibytes():
+    """Only small fixtures and result files are committed: every file under tests/fixtures/ and
+    benchmarks/results/ is at most 2 MiB (a larger result is written gzipped, a larger fixture
+    without its weights: tests/weightless_fixtures.py)."""
+    root = Path(__file__).resolve().parents[1]
+    limit = 2 << 20
+    big = [str(p.relative_to(root)) for folder in ("tests/fixtures", "benchmarks/results")
+           for p in (root / folder).rglob("*") if p.is_file() and p.stat().st_size > limit]
+    assert not big, f"over 2 MiB: {big}"

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import os
 import shutil
@@ -84,6 +85,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
+MAX_RESULT_BYTES = 2 << 20  # the repository's limit per file: a larger result file is written gzipped
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
 P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
 DURING = ("recording", "tuning")  # auto's states before its final plan
@@ -444,9 +446,15 @@ def main(argv: list[str] | None = None) -> int:
         from ortfuse.bench.output import result_file
 
         target = Path(result_file(args.json, f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"))
-        # compact: a served-traffic run keeps every request's latency, thousands per model
-        target.write_text(json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results,
-                                      "pooled": pools}, separators=(",", ":")))
+        # compact: a served-traffic run keeps every request's latency, thousands per model; over the
+        # repository's 2 MiB per file, gzipped (benchmarks/results/README.md)
+        text = json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results, "pooled": pools},
+                          separators=(",", ":"))
+        if len(text) > MAX_RESULT_BYTES:
+            target = target.with_name(target.name + ".gz")
+            target.write_bytes(gzip.compress(text.encode()))
+        else:
+            target.write_text(text)
         print(f"wrote {target}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning", "p50_tuning")
     judged = pools if pools else results
