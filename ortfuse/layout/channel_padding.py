@@ -43,6 +43,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
 from ortfuse.ir.graph import GraphIndex, fresh_name
 
@@ -82,10 +83,6 @@ def _is_conv(node: onnx.NodeProto) -> bool:
 def _sum_input(conv: onnx.NodeProto) -> list[str]:
     """[Z] of a FusedConv with a sum input (added to the output, of its shape), else []."""
     return [conv.input[3]] if len(conv.input) > 3 and conv.input[3] else []
-
-
-def _group(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "group"), 1)
 
 
 class _Planner:
@@ -157,14 +154,14 @@ class _Planner:
     def depthwise(self, node: onnx.NodeProto, c: int) -> bool:
         """A conv of ``c`` groups, one filter per channel (initializers), no Sum input."""
         w = self.weight(node.input[1]) if _is_conv(node) and len(node.input) > 1 else None
-        return (w is not None and _group(node) == c and w.ndim == 4 and w.shape[:2] == (c, 1)
+        return (w is not None and attr(node, "group", 1) == c and w.ndim == 4 and w.shape[:2] == (c, 1)
                 and self._bias_ok(node))
 
     def padable_conv(self, node: onnx.NodeProto) -> bool:
         """A group-1 conv with float32 filter (and bias) initializers; a FusedConv may have a sum input
         Z (of the output's shape: padded with it)."""
         w = self.weight(node.input[1]) if _is_conv(node) and len(node.input) > 1 else None
-        return w is not None and _group(node) == 1 and w.ndim == 4 and self._bias_ok(node, sum_allowed=True)
+        return w is not None and attr(node, "group", 1) == 1 and w.ndim == 4 and self._bias_ok(node, sum_allowed=True)
 
     def _bias_ok(self, node: onnx.NodeProto, sum_allowed: bool = False) -> bool:
         return ((len(node.input) < 3 or not node.input[2] or self.weight(node.input[2]) is not None)

@@ -208,20 +208,18 @@ def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, 
     the first (the batch), ``ir.feeds.DEFAULT_DIM`` for the others. A model with a non-float input
     is not timed and keeps the unpadded form, as does one whose timing fails. ``native_ops``: the
     fused model's own native ops, in both forms."""
-    from ortfuse.ir.feeds import DEFAULT_DIM
+    from ortfuse.ir.feeds import DEFAULT_DIM, FeedError, declared_inputs
 
     if padding_mode() == "on":
         return True
-    inits = {t.name for t in original.graph.initializer}
-    shapes: dict[str, tuple] = {}
-    for vi in original.graph.input:
-        if vi.name in inits:
-            continue
-        tensor = vi.type.tensor_type
-        if tensor.elem_type != onnx.TensorProto.FLOAT:
-            return False
-        shapes[vi.name] = tuple(d.dim_value if d.dim_value > 0 else 1 if k == 0 else DEFAULT_DIM
-                                for k, d in enumerate(tensor.shape.dim))
+    try:
+        declared = declared_inputs(original)
+    except FeedError:  # an input without a declared tensor shape: nothing to time at
+        return False
+    if any(elem != onnx.TensorProto.FLOAT for _, elem, _ in declared):
+        return False
+    shapes = {name: tuple(d if isinstance(d, int) else 1 if k == 0 else DEFAULT_DIM for k, d in enumerate(dims))
+              for name, _, dims in declared}
     cold = op_timing.weights_exceed_cache(plain.graph.graph)
     try:
         return op_timing.native_faster(plain.graph.SerializeToString(), padded.graph.SerializeToString(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.graph import GraphIndex
 
 KEEPS_SHAPE = frozenset({"Relu", "Clip", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "LeakyRelu", "Identity",
@@ -34,11 +35,18 @@ def same_shape(ix: GraphIndex, a: str, b: str) -> bool:
     sa, sb = ix.shape(a), ix.shape(b)
     if not sa or not sb or len(sa) != len(sb):
         return False
-    if all(x is not None and x != "" and x == y for x, y in zip(sa, sb)):
+    if known_equal(sa, sb):
         return True
     if len(sa) != 4 or not isinstance(sa[1], int) or sa[1] != sb[1]:
         return False
     return shape_source(ix, a) == shape_source(ix, b)
+
+
+def known_equal(a: list | None, b: list | None) -> bool:
+    """Equal rank and, dim by dim, the same integer or the same named dimension (never unknown)."""
+    if not a or not b or len(a) != len(b):
+        return False
+    return all(x is not None and x != "" and x == y for x, y in zip(a, b))
 
 
 def shape_source(ix: GraphIndex, tensor: str) -> str:
@@ -136,11 +144,10 @@ def _same_padding(ix: GraphIndex, conv: onnx.NodeProto) -> bool:
         return False
     kernel = list(np.shape(weight)[2:])
     n = len(kernel)
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+    if attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return False
-    strides = list(attrs.get("strides", [1] * n))
-    dilations = list(attrs.get("dilations", [1] * n))
-    pads = list(attrs.get("pads", [0] * 2 * n))
+    strides = list(attr(conv, "strides", [1] * n))
+    dilations = list(attr(conv, "dilations", [1] * n))
+    pads = list(attr(conv, "pads", [0] * 2 * n))
     return (len(strides) == n and all(s == 1 for s in strides) and len(pads) == 2 * n
             and all(pads[i] + pads[i + n] == dilations[i] * (kernel[i] - 1) for i in range(n)))

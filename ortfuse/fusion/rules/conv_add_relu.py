@@ -21,6 +21,7 @@ from ortfuse.fusion.rulekit.conv import (
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
 from ortfuse.fusion.rulekit.result import Lowered, Match, Reject
+from ortfuse.fusion.rulekit.same_shape import known_equal
 from ortfuse.ir.graph import GraphIndex
 
 ID = "conv_add_relu"
@@ -70,13 +71,6 @@ SPEC = OpSpec("FusedConvAddAct", ID, ("X", "W", "B", "R"), CONV_SPEC_ATTRS, _ref
 # lowering forms. com.microsoft:FusedConv(X, W, B, Z) = act(Conv(X, W) + B + Z): the sum comes
 # before the activation, and Z must have the output's exact shape (no broadcasting).
 # ------------------------------------------------------------------------------------------------
-def _same_static_shape(a: list | None, b: list | None) -> bool:
-    """Equal rank and, dim by dim, the same integer or the same named dimension (never unknown)."""
-    if not a or not b or len(a) != len(b):
-        return False
-    return all(x is not None and x != "" and x == y for x, y in zip(a, b))
-
-
 # Conv(+BN folded) -> Add(residual) -> Relu   ->   com.microsoft:FusedConv(X, W', B', Z=residual; Relu)
 def lower_fusedconv_sum(m: Match, ctx: Context) -> Lowered | str:
     """relu(conv(X, W) + B + R) as one FusedConv with R as its sum input Z (added before the Relu).
@@ -84,7 +78,7 @@ def lower_fusedconv_sum(m: Match, ctx: Context) -> Lowered | str:
     if m.attrs["activation"] != "relu":
         return f"FusedConv with a sum is lowered for relu only, not '{m.attrs['activation']}'"
     res, out = ctx.shape(m.inputs[3]), ctx.shape(m.output)
-    if not _same_static_shape(res, out):
+    if not known_equal(res, out):
         return f"residual shape {res} is not known to equal the output shape {out} (FusedConv's Z does not broadcast)"
     return Lowered([node("FusedConv", m.inputs[:4], [m.output], domain=MS_DOMAIN, activation="Relu",
                          **conv_node_attrs(m))])
