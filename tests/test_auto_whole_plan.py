@@ -22,7 +22,7 @@ from ortfuse.tune import tuner as tune
 from ortfuse.tune.decisions import MODEL_LIMIT
 
 from model_fixtures import ffn_inputs, ffn_matmul_add_relu
-from timing_fixtures import raw_timing
+from timing_fixtures import raw_plans, raw_timing
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -33,14 +33,23 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(tune.ENV, raising=False)
 
 
-def _stated(monkeypatch, *pairs, noise: float = 0.0):
+def _stated(monkeypatch, *pairs, noise: float = 0.0, plans: tuple | None = None):
     """``_time_pair`` and ``_time_with_control`` (the whole plan's looks and the whole-model check)
     return these (fused ms, ORT ms[, each repeat's ratio]) in turn, the latter as a timing whose
     control runs ``1 + noise`` times the first stock session in every pass (``timing_fixtures``);
-    without the repeats, each repeat at the median's ratio."""
+    without the repeats, each repeat at the median's ratio. ``_time_plans`` (the candidate plans
+    compared after an inconclusive whole plan) times every candidate as ``plans``, with the same
+    noise; a test that states no ``plans`` fails if the candidates are timed."""
     calls = iter([(p[0], p[1], p[2] if len(p) > 2 else [p[0] / p[1]] * measuring.REPEATS) for p in pairs])
     monkeypatch.setattr(measuring, "_time_pair", lambda f, o, budget: next(calls))
     monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: raw_timing(*next(calls), noise=noise))
+
+    def time_plans(runs, budget):
+        if plans is None:
+            pytest.fail("the candidate plans were timed on this machine's clock: state them (plans=)")
+        return raw_plans([n for n in runs if n not in ("ort", "control")], *plans, noise=noise)
+
+    monkeypatch.setattr(measuring, "_time_plans", time_plans)
 
 
 def _stock(model, feeds):
@@ -147,7 +156,7 @@ def test_a_median_win_without_enough_winning_passes_is_looked_at_again(monkeypat
 
     assert looks <= judge.MAX_LOOKS
     monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
-    _stated(monkeypatch, MIXED, *[second] * (looks - 1), (0.5, 1.0))
+    _stated(monkeypatch, MIXED, *[second] * (looks - 1), (0.5, 1.0), plans=second)
     tuning = tune.tune(ffn_matmul_add_relu(), force=True)
     check = tuning.model_check if kept else tuning.whole_plan
     later = len(second[2]) if len(second) > 2 else measuring.REPEATS
@@ -165,7 +174,7 @@ def test_a_whole_plan_must_win_beyond_the_stock_sessions_bias(monkeypatch, noise
 
     monkeypatch.setattr(measuring, "_best_of", lambda f, o, n: (2.5, 1.0))  # the matches lose clearly
     looks = 1 if kept else judge.MAX_LOOKS
-    _stated(monkeypatch, *[(0.95, 1.0)] * looks, noise=noise)
+    _stated(monkeypatch, *[(0.95, 1.0)] * looks, noise=noise, plans=(0.95, 1.0))
     tuning = tune.tune(ffn_matmul_add_relu(), force=True)
     check = tuning.model_check if kept else tuning.whole_plan
     assert check["whole_plan"] and check["aa_ratio"] == pytest.approx(1 + noise) and check["passed"] is kept

@@ -20,6 +20,15 @@ def raw_timing(fused_ms: float, ort_ms: float, ratios: Sequence[float] | None = 
             "control": [[control] * runs for _ in ratios]}
 
 
+def raw_plans(names: Sequence[str], fused_ms: float, ort_ms: float, ratios: Sequence[float] | None = None,
+              noise: float = 0.0) -> dict[str, list[list[float]]]:
+    """What ``measure._time_plans`` returns when every candidate plan of ``names`` is timed as
+    ``raw_timing`` times the fused plan, beside the same two stock sessions."""
+    timing = raw_timing(fused_ms, ort_ms, ratios, noise)
+    fused = timing.pop("fused")
+    return {**{name: [list(r) for r in fused] for name in names}, **timing}
+
+
 def raw_from_passes(paired: Sequence[float], aa: float = 1.0, ort_ms: float = 1.0) -> dict[str, list[list[float]]]:
     """One repeat whose pass i runs the fused plan ``paired[i]`` times the mean of both stock
     sessions, and the control ``aa`` times the first."""
