@@ -62,7 +62,9 @@ DEFAULT_CONFIGS: tuple[str, ...] = tuple(c for c in CONFIGS if CONFIGS[c].runtim
 def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNING, threads: int = 0, batch: int = 1,
                  dims: dict[str, int] | None = None):
     """Create the session of one configuration on ``model`` (a path or bytes), on the CPU provider.
-    A ``fusion="auto"`` session is tuned for inputs of ``batch`` and the named dynamic ``dims``."""
+    An ortfuse session is planned for inputs of ``batch`` and the named dynamic ``dims`` (the
+    ``ortfuse.tune_dims`` entry: ``auto`` tunes at them, the layout step times its native convs at
+    them); the timed inputs have those dims."""
     import onnxruntime as ort
 
     cfg = CONFIGS[RENAMED_CONFIGS.get(config, config)] if isinstance(config, str) else config
@@ -76,9 +78,10 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
         return OrtTransformersSession(model, threads=threads, spinning=spinning)
     so = measuring_options(cfg.level, threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
-    if cfg.fusion == "auto":  # tuned at creation, so that the timed runs are those of the tuned plan
+    if not cfg.stock and cfg.fusion is not False:
         named = [f"{k}={int(v)}" for k, v in (dims or {}).items() if k != "batch"]
         so.add_session_config_entry(DIMS_KEY, ",".join([f"batch={int(batch)}", *named]))
+    if cfg.fusion == "auto":  # tuned at creation, so that the timed runs are those of the tuned plan
         so.add_session_config_entry(TUNE_KEY, "sync")
     if cfg.stock:
         return ort.InferenceSession(model, so, providers=providers)

@@ -119,6 +119,31 @@ def _entry(name: str, axis: int, dim, named: Mapping[str, int]) -> int | tuple:
     return ("dim", dim) if dim else ("axis", name, axis)
 
 
+def with_named_dims(model: onnx.ModelProto, named: Mapping[str, int]) -> onnx.ModelProto | None:
+    """A copy of ``model`` whose declared inputs have the dynamic dims ``named`` gives fixed (by dim
+    name; ``batch``: every input's first dynamic dim, as ``sample_shapes`` reads it), or None when
+    ``named`` fixes none of them. The other dims stay as declared."""
+    import onnx
+
+    fixed: dict[str, dict[int, int]] = {}
+    for name, _, dims in declared_inputs(model):
+        for axis, dim in enumerate(dims):
+            entry = _entry(name, axis, dim, named)
+            size = int(named["batch"]) if entry == BATCH and "batch" in named else entry
+            if not isinstance(dim, int) and isinstance(size, int):
+                fixed.setdefault(name, {})[axis] = size
+    if not fixed:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for vi in copy.graph.input:
+        for axis, size in fixed.get(vi.name, {}).items():
+            dim = vi.type.tensor_type.shape.dim[axis]
+            dim.Clear()
+            dim.dim_value = size
+    return copy
+
+
 def _label(free: tuple) -> str:
     return "batch" if free == BATCH else str(free[1]) if free[0] == "dim" else f"{free[1]}[{free[2]}]"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
@@ -79,6 +80,7 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
                       "native elementwise op, Split, Concat, Resize, ConvTranspose) and no 3x3 or depthwise conv")
     threads = sess_options.intra_op_num_threads if sess_options is not None else 0
+    served, named, dims_note = _served_shape(original, sess_options)
     plain, why_not = _blocked(data, fused, shape, block, native_ops, disabled_optimizers, threads)
     padded, padded_model, padding = None, fused, channel_padding.PaddingResult()
     if padding_mode() != "off":
@@ -86,14 +88,15 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     if padded_model is not fused:
         padded, _ = _blocked(padded_model.SerializeToString(), padded_model, padding.shape_of(shape), block,
                              native_ops, disabled_optimizers, threads)
-    if padded is not None and (plain is None or _padding_wins(plain, padded, original, native_ops, threads)):
+    if padded is not None and (plain is None or _padding_wins(plain, padded, original, native_ops, threads, named)):
         chosen, done = padded, [padding.summary()]
-        _native_convs(chosen, padding.shape_of(shape), block, threads)
+        _native_convs(chosen, padding.shape_of(shape), block, threads,
+                      padding.shape_of(served) if served is not None else None)
     elif plain is None:
         return None, why_not
     else:
         chosen, done = plain, []
-        _native_convs(chosen, shape, block, threads)
+        _native_convs(chosen, shape, block, threads, served)
     done += chosen.done
     if not done:
         return None, f"layout: nothing for ortfuse to run blocked ({chosen.before} reorders left by ORT){chosen.failed}"
@@ -103,7 +106,7 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
     after = blocked_scale.reorder_count(chosen.graph.graph)
     left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(chosen.graph.graph, block).items()))
     note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {chosen.before} -> {after}"
-            + (f" (left where a region meets {left})" if left else "") + chosen.failed)
+            + (f" (left where a region meets {left})" if left else "") + chosen.failed + dims_note)
     return Layout(chosen.graph, chosen.native, note), ""
 
 
@@ -154,27 +157,30 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
     return _Blocked(optimized, native, done, before, failed), ""
 
 
-def _native_convs(chosen: _Blocked, shape, block: int, threads: int) -> None:
+def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None) -> None:
     """The rewrites timed op by op on this machine, applied to ``chosen`` (its graph, native ops, summaries
     and failures updated): Winograd 3x3 convs, stride-2 ConvTransposes, squeeze-excite blocks as one op,
-    depthwise convs. Run on the form the plan keeps only: their probes are the costly part of planning."""
+    depthwise convs. Run on the form the plan keeps only: their probes are the costly part of planning.
+    ``served``: the shapes at the dims the session serves (``_served_shape``), which the probes are
+    timed at; the rewrites' legality is proved on ``shape`` alone."""
     optimized, failed = chosen.graph, ""
+    sized = served if served is not None else shape
     cold = op_timing.weights_exceed_cache(optimized.graph)  # probes timed as the model's runs find the filters
     try:
-        wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold))
+        wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold), served)
     except Exception as exc:  # never worse than the plan without them
         wino, failed = winograd.WinogradResult(), failed + f"; convs left to ORT ({type(exc).__name__}: {exc})"
     try:
-        hw = winograd.spatial_dims(optimized.graph, shape)
+        hw = winograd.spatial_dims(optimized.graph, sized)
         up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         up, failed = deconv.DeconvResult(), failed + f"; ConvTransposes left to ORT ({type(exc).__name__}: {exc})"
     try:
-        se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads, cold))
+        se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads, cold), served)
     except Exception as exc:  # never worse than the plan without them
         se, failed = se_block.SEResult(), failed + f"; squeeze-excite blocks left to ORT ({type(exc).__name__}: {exc})"
     try:
-        dw = depthwise.run_depthwise(optimized.graph, winograd.spatial_dims(optimized.graph, shape), block,
+        dw = depthwise.run_depthwise(optimized.graph, winograd.spatial_dims(optimized.graph, sized), block,
                                      depthwise.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
         dw = depthwise.DepthwiseResult()
@@ -201,14 +207,15 @@ def padding_mode() -> str:
 
 
 def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, native_ops: frozenset,
-                  threads: int) -> bool:
+                  threads: int, named: dict[str, int]) -> bool:
     """Whether the padded form runs below ``PADDING_MARGIN`` times the unpadded one in every repeat,
     both whole graphs timed interleaved at the session's thread count (``op_timing.native_faster``,
-    the choice kept per machine). Inputs at the model's declared dims; a dim without a value: 1 for
-    the first (the batch), ``ir.feeds.DEFAULT_DIM`` for the others. A model with a non-float input
-    is not timed and keeps the unpadded form, as does one whose timing fails. ``native_ops``: the
-    fused model's own native ops, in both forms."""
-    from ortfuse.ir.feeds import DEFAULT_DIM, FeedError, declared_inputs
+    the choice kept per machine). Inputs at the model's declared dims and those ``named``
+    (``ortfuse.tune_dims``); a dim without a value: 1 for the first (the batch),
+    ``ir.feeds.DEFAULT_DIM`` for the others. A model with a non-float input is not timed and keeps
+    the unpadded form, as does one whose timing fails. ``native_ops``: the fused model's own native
+    ops, in both forms."""
+    from ortfuse.ir.feeds import FeedError, concrete_shape, declared_inputs
 
     if padding_mode() == "on":
         return True
@@ -218,8 +225,7 @@ def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, 
         return False
     if any(elem != onnx.TensorProto.FLOAT for _, elem, _ in declared):
         return False
-    shapes = {name: tuple(d if isinstance(d, int) else 1 if k == 0 else DEFAULT_DIM for k, d in enumerate(dims))
-              for name, _, dims in declared}
+    shapes = {name: tuple(concrete_shape(dims, named.get("batch", 1), named)) for name, _, dims in declared}
     cold = op_timing.weights_exceed_cache(plain.graph.graph)
     try:
         return op_timing.native_faster(plain.graph.SerializeToString(), padded.graph.SerializeToString(),
@@ -227,6 +233,26 @@ def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, 
                                        stock_ops=native_ops | plain.native, cold=cold, budget_s=PADDING_BUDGET_S)
     except Exception:  # never worse than the unpadded plan
         return False
+
+
+def _served_shape(original: onnx.ModelProto, sess_options) -> tuple[Callable[[str], list | None] | None,
+                                                                    dict[str, int], str]:
+    """(the shapes of ``original``'s tensors with the dims the session's ``ortfuse.tune_dims``
+    entry names fixed, or None when it names none of the model's dynamic dims; those dims; a note
+    for the report when the entry could not be used). The layout's native convs are timed at these
+    shapes; the plan keeps every dim the model declares dynamic, and runs at any size."""
+    from ortfuse.foundation.session_options import DIMS_KEY, config_entry
+    from ortfuse.ir.feeds import FeedError, with_named_dims
+    from ortfuse.ir.model_args import ModelArgError, parse_dims
+
+    try:
+        named = parse_dims(config_entry(sess_options, DIMS_KEY))
+        fixed = with_named_dims(original, named) if named else None
+    except (ModelArgError, FeedError) as exc:
+        return None, {}, f"; the {DIMS_KEY} entry was not used ({exc})"
+    if fixed is None:
+        return None, named, ""
+    return GraphIndex(fixed).shape, named, ""
 
 
 def _deciding_output(index: GraphIndex) -> str:

@@ -153,8 +153,9 @@ def _scale_form(node, x: str, s: str, block: int, hw: dict, inits: dict) -> tupl
     return (residual, addend) if k == len(ops) else None
 
 
-def _match(gap, g: GraphEdit, hw: dict, block: int) -> _Match | None:
-    """The SE starting at the blocked GlobalAveragePool ``gap``, else None."""
+def _match(gap, g: GraphEdit, hw: dict, block: int, sizes: dict) -> _Match | None:
+    """The SE starting at the blocked GlobalAveragePool ``gap``, else None. ``hw``: the (H, W) its
+    legality is proved on; ``sizes``: those it is timed at."""
     inits = g.initializers
     x = gap.input[0]
     fc1 = g.only_consumer(gap.output[0])
@@ -222,7 +223,7 @@ def _match(gap, g: GraphEdit, hw: dict, block: int) -> _Match | None:
         if w2b.shape[1] != w1.shape[0]:
             return None
         w2 = unblock_1x1(w2b, block, True)
-    dims = hw.get(x)
+    dims = sizes.get(x)
     if dims is None:
         return None
     residual, addend = form
@@ -267,16 +268,18 @@ def form_name(shape: SEShape) -> str:
 
 
 def run_se_blocks(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int,
-                  decide: Callable[[SEShape], bool]) -> SEResult:
-    """Replace, in place, every SE block of ``graph`` that ``decide`` accepts; returns what was done."""
+                  decide: Callable[[SEShape], bool], timing: Callable[[str], list | None] | None = None) -> SEResult:
+    """Replace, in place, every SE block of ``graph`` that ``decide`` accepts; returns what was done.
+    ``timing``: as ``winograd.run_winograd``'s (H and W decided at the served dims, legality on ``shape``)."""
     result = SEResult()
     if block < 1 or mode() == "off":
         return result
     g = GraphEdit(graph)
     hw = spatial_dims(graph, shape)
+    sizes = spatial_dims(graph, timing) if timing is not None else hw
     new_inits: list[onnx.TensorProto] = []
     for gap in [n for n in graph.node if is_op(n, "GlobalAveragePool", NCHWC)]:
-        m = _match(gap, g, hw, block)
+        m = _match(gap, g, hw, block, sizes)
         if m is None:
             continue
         if any(g.edited(n) for n in m.drop) or not decide(m.shape):

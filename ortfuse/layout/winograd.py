@@ -24,7 +24,9 @@ a one-conv model between reorders (``op_timing.native_faster``), at the session'
 the native form is taken only when it beats ``MARGIN`` times ORT's in every repeat (results kept
 per machine, ``layout.choice_cache``).
 ``ORTFUSE_WINOGRAD`` = off (never) | on (always, no timing) | measure (the default). H and W are
-those ``spatial_dims`` finds for the conv's input; a conv whose dims are unknown is left to ORT.
+those ``spatial_dims`` finds for the conv's input, at the dims the session serves where
+``ortfuse.tune_dims`` names them (the kernel takes any H and W; only the choice is made at these);
+a conv whose dims are unknown is left to ORT.
 """
 
 from __future__ import annotations
@@ -178,20 +180,23 @@ def _residual(out: str, g: GraphEdit, hw: dict) -> onnx.NodeProto | None:
 
 
 def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], block: int,
-                 decide: Callable[..., bool]) -> WinogradResult:
+                 decide: Callable[..., bool], timing: Callable[[str], list | None] | None = None) -> WinogradResult:
     """Replace, in place, every candidate conv that ``decide(cin, cout, h, w, activation, alpha,
-    residual)`` accepts; returns what was done."""
+    residual)`` accepts; returns what was done. ``timing``: the shapes at the dims the session
+    serves (``ortfuse.tune_dims``), which H and W are decided at; the residual's legality is
+    always proved on ``shape``, the model's own."""
     result = WinogradResult()
     if block not in (8, 16) or mode() == "off":
         return result
     g = GraphEdit(graph)
     hw = spatial_dims(graph, shape)
+    sizes = spatial_dims(graph, timing) if timing is not None else hw
     new_inits: list[onnx.TensorProto] = []
     for node in graph.node:
         w = _candidate(node, g.initializers, block)
         if w is None:
             continue
-        dims = hw.get(node.input[0])
+        dims = sizes.get(node.input[0])
         act = "relu" if attr(node, "activation") == b"Relu" else ""
         alpha, out = 1.0, node.output[0]
         fold = None if act else g.child(out, "QuickGelu", "com.microsoft")

@@ -5,8 +5,9 @@ instead of asking ORT to optimize the model again and timing the layout's probes
 
 Contract: ``plan_layout(...)`` takes ``plan_layout``'s arguments and returns what it returns.
 Inside ``with remembering():`` (in this thread) the last result is kept, keyed by the sha256 of
-the fused model's bytes and of the original model's, the optimization level and intra-op threads
-of the options, the native ops and the disabled ORT optimizers; it is dropped when the block ends.
+the fused model's bytes and of the original model's, the optimization level, intra-op threads and
+``ortfuse.tune_dims`` entry of the options, the native ops and the disabled ORT optimizers; it is
+dropped when the block ends.
 Outside such a block every call runs the layout step. Callers must not change the returned
 ``Layout.model`` (both only serialize it).
 """
@@ -17,6 +18,8 @@ import contextlib
 import hashlib
 import threading
 from collections.abc import Iterator
+
+from ortfuse.foundation.session_options import DIMS_KEY, config_entry
 
 _local = threading.local()  # .last: None (not remembering) or a list holding at most one (key, result)
 
@@ -44,7 +47,8 @@ def plan_layout(original, fused, sess_options, native_ops: frozenset, disabled_o
     level = int(sess_options.graph_optimization_level) if sess_options is not None else -1
     threads = int(sess_options.intra_op_num_threads) if sess_options is not None else 0
     key = (hashlib.sha256(data).hexdigest(), hashlib.sha256(original.SerializeToString()).hexdigest(), level,
-           threads, tuple(sorted(native_ops)), tuple(sorted(disabled_optimizers or ())))
+           threads, config_entry(sess_options, DIMS_KEY), tuple(sorted(native_ops)),
+           tuple(sorted(disabled_optimizers or ())))
     if last and last[0][0] == key:
         return last[0][1]
     result = plan(original, fused, sess_options, native_ops, disabled_optimizers, data)
