@@ -209,6 +209,16 @@ class InferenceSession(_ort.InferenceSession):
         live = getattr(self, "_ortfuse_live", None)
         return True if live is None else live.wait(timeout)
 
+    @property
+    def time_to_plan(self) -> dict | None:
+        """Once a ``fusion="auto"`` tuning has ended: the plan it left in effect (``plan``: "fused"
+        or "stock"), the runs served before that plan took effect (``served_runs``), the seconds
+        from the first served run to then (``seconds``), the tuning's own wall and CPU seconds
+        (``tuning_s``, ``child_cpu_s``: its process's). None before, and for other sessions."""
+        live = getattr(self, "_ortfuse_live", None)
+        reached = live.time_to_plan if live is not None else None
+        return dict(reached) if reached is not None else None
+
     def tune_with(self, feeds_list) -> None:
         """Tune this ``fusion="auto"`` session on ``feeds_list`` (representative input dicts), in the
         background, then swap to the faster plan; ``wait_tuned()`` waits for it."""

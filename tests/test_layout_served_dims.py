@@ -95,6 +95,8 @@ def test_without_served_dims_the_native_convs_of_a_dynamic_model_are_left_to_ort
     note = str(sess.fusion_report)
     assert asked == {"winograd": [], "depthwise": []}, asked
     assert "Winograd" not in note and "0 of 1 depthwise" in note, note
+    assert ("blocked conv(s) of unknown size, whose native forms were not timed (the model declares h, w dynamic): "
+            f"name the sizes served in the {DIMS_KEY} entry (h=N,w=N) to time them") in note, note
 
 
 def test_served_dims_decide_the_native_convs_and_the_plan_runs_at_any_size(monkeypatch, blocked):
@@ -106,6 +108,7 @@ def test_served_dims_decide_the_native_convs_and_the_plan_runs_at_any_size(monke
     note = str(sess.fusion_report)
     assert asked == {"winograd": [(24, 20)], "depthwise": [(24, 20)]}, asked
     assert "1 3x3 conv(s) as Winograd" in note and "1 of 1 depthwise conv(s) native" in note, note
+    assert "unknown size" not in note, note
     assert sess.get_inputs()[0].shape == [1, 16, "h", "w"]  # the plan ORT loaded keeps them dynamic
     rng = np.random.default_rng(5)
     for h, w in [(24, 20), (13, 17), (40, 3)]:

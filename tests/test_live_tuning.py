@@ -84,7 +84,7 @@ def test_background_serves_stock_then_swaps_to_the_fused_plan(winning):
     session = ortfuse.InferenceSession(model, fusion="auto")
     assert not session.fusion_report.applied and session._model_bytes == model.SerializeToString()
     assert session.fusion_status == f"serving stock ORT, recording feeds (0/{live_tuning.SAMPLE_RUNS})"
-    assert not session.wait_tuned(0)
+    assert not session.wait_tuned(0) and session.time_to_plan is None  # not before the tuning ended
     first = session._sess
     served_from = time.perf_counter()
     for feeds in _feeds():  # the recorded runs, served by stock ORT
@@ -103,12 +103,15 @@ def test_background_serves_stock_then_swaps_to_the_fused_plan(winning):
     times = [t for _, t in session._ortfuse_live.timeline]
     assert times == sorted(times)
     # time to the plan: the runs served before the swap took effect, and the seconds since the first of them
-    reached = session._ortfuse_live.time_to_plan
+    reached = session.time_to_plan
     swapped_at = int(session.fusion_status.split()[3].rstrip(":"))
     assert reached["plan"] == "fused" and reached["served_runs"] == swapped_at - 1 >= live_tuning.SAMPLE_RUNS
     assert 0 < reached["seconds"] <= time.perf_counter() - served_from
     assert any(n.startswith(f"auto: final plan (fused) in effect after {swapped_at - 1} served runs")
                for n in session.fusion_report.notes)
+    reached["plan"] = "changed by the caller"
+    assert session.time_to_plan["plan"] == "fused"  # a copy
+    assert ortfuse.InferenceSession(model, fusion=True).time_to_plan is None  # no live tuning
     for seed in range(3):  # after the swap, other shapes too
         _check(session, stock, ffn_inputs(batch=1 + seed, seq=3 + seed, seed=seed))
 
@@ -413,7 +416,7 @@ def test_wait_tuned_times_out_while_tuning_runs(monkeypatch):
     release.set()
     assert session.wait_tuned(WAIT_S) is True
     assert session.fusion_status == "stock ORT: no fusion measured faster"
-    reached = session._ortfuse_live.time_to_plan  # the final plan is stock ORT's, in effect from the start
+    reached = session.time_to_plan  # the final plan is stock ORT's, in effect from the start
     assert reached["plan"] == "stock" and reached["served_runs"] == live_tuning.SAMPLE_RUNS and reached["seconds"] > 0
 
 

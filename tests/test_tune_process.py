@@ -182,7 +182,7 @@ def test_the_process_checks_the_plan_and_the_serving_process_only_warms_it(child
     assert {"child whole plan judged", "child decisions", "child plan made"} <= set(child), child
     times = [t for _, t in session._ortfuse_live.timeline]
     assert times == sorted(times)
-    reached = session._ortfuse_live.time_to_plan
+    reached = session.time_to_plan
     assert reached["plan"] == "fused" and reached["child_cpu_s"] > 0 and reached["seconds"] >= reached["tuning_s"] > 0
     feeds = ffn_inputs(seed=42)
     np.testing.assert_allclose(session.run(None, feeds)[0], _stock(model, feeds)[0], **TOL)

@@ -292,7 +292,7 @@ def child(name: str, args) -> dict:
         "tuning_ended_after_s": round(tuned_at_s, 2) if tuned else None, "served_total": count[0],
         "statuses": statuses, "fused": len(report.fused), "matches": len(report.matches), "notes": report.notes,
         "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
-        "time_to_plan": getattr(live, "time_to_plan", None),
+        "time_to_plan": auto.time_to_plan,
         "tuning_timeline": [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])],
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,

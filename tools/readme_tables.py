@@ -312,8 +312,16 @@ def _public_run_line(doc: dict, name: str) -> str:
         f"- Protocol: {prot['warmup_passes_per_repeat']} warm-up + {runs} timed passes per repeat, {prot['repeats']} "
         f"repeats, single runs of every configuration interleaved, batch 1, intra-op threads {threads}, ORT "
         f"spinning {'on' if prot.get('spinning') else 'off'}, seeded standard-normal inputs at each model's "
-        f"input shape; {date}."
+        f"input shape{_told_dims(doc)}; {date}."
     )
+
+
+def _told_dims(doc: dict) -> str:
+    """How the ortfuse sessions were told the input size, when the result file records it."""
+    if not any(len(r.get("ortfuse_dims") or {}) > 1 for r in doc.get("results", [])):
+        return ""
+    return (", which the ortfuse sessions are told (`ortfuse.tune_dims` with the dims the model declares dynamic: "
+            "the layout step times its native convs at that size; the plan still takes any size)")
 
 
 def public_columns(doc: dict) -> list[str]:

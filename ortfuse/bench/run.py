@@ -338,6 +338,7 @@ def _bench_model(
             "public": src.public,
             "batch": batch,
             "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()},
+            "ortfuse_dims": {"batch": batch, **tune_dims(src)},  # the ortfuse.tune_dims entry of its sessions
             "runs": chosen_runs,
             "repeats": repeats,
             "warmup": warmup,

@@ -105,6 +105,8 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
         return None, f"layout: ORT's optimized graph asks for inputs the model does not have ({extra_inputs[0]})"
     after = blocked_scale.reorder_count(chosen.graph.graph)
     left = ", ".join(f"{n} at {op}" for op, n in sorted(regions.reorders_left(chosen.graph.graph, block).items()))
+    if served is None and not dims_note:
+        dims_note = _unsized_hint(chosen.graph.graph, padding.shape_of(shape) if chosen is padded else shape, original)
     note = (f"layout: NCHWc blocks of {block}; {'; '.join(done)}; reorders {chosen.before} -> {after}"
             + (f" (left where a region meets {left})" if left else "") + chosen.failed + dims_note)
     return Layout(chosen.graph, chosen.native, note), ""
@@ -253,6 +255,29 @@ def _served_shape(original: onnx.ModelProto, sess_options) -> tuple[Callable[[st
     if fixed is None:
         return None, named, ""
     return GraphIndex(fixed).shape, named, ""
+
+
+def _unsized_hint(graph: onnx.GraphProto, shape, original: onnx.ModelProto) -> str:
+    """A note for the report when convs of ORT's graph have inputs of unknown H and W (their native
+    forms could not be timed, ``_native_convs``) because the model declares dims dynamic: which
+    dims, and the entry that names the sizes served; else ""."""
+    from ortfuse.foundation.session_options import DIMS_KEY
+    from ortfuse.ir.feeds import FeedError, declared_inputs
+
+    hw = winograd.spatial_dims(graph, shape)
+    unsized = sum(1 for n in graph.node if n.op_type == "Conv" and n.domain == winograd.NCHWC and n.input[0] not in hw)
+    if not unsized:
+        return ""
+    try:
+        names = list(dict.fromkeys(d for _, _, dims in declared_inputs(original) for d in dims[1:]
+                                   if isinstance(d, str)))
+    except FeedError:
+        return ""
+    if not names:
+        return ""
+    example = ",".join(f"{d}=N" for d in names[:3])
+    return (f"; {unsized} blocked conv(s) of unknown size, whose native forms were not timed (the model declares "
+            f"{', '.join(names[:3])} dynamic): name the sizes served in the {DIMS_KEY} entry ({example}) to time them")
 
 
 def _deciding_output(index: GraphIndex) -> str:
