@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 import ortfuse
 from ortfuse.foundation.session_options import DIMS_KEY
 from ortfuse.ir import feeds
-from ortfuse.layout import deconv, depthwise, se_block, winograd
+from ortfuse.layout import deconv, depthwise, se_block, served_sizes, winograd
 from ortfuse.layout.probe import block_size
 
 TOL = 1e-4
@@ -153,3 +153,42 @@ def test_with_named_dims_fixes_the_named_dims_and_the_batch_only():
     assert [dims for _, _, dims in feeds.declared_inputs(feeds.with_named_dims(model, {"n": 4}))] == \
         [[4, 3, "h", None], [None, 3, "h", 5]]
     assert feeds.with_named_dims(model, {"seq": 9}) is None
+
+
+def test_dims_of_names_each_dynamic_dim_by_its_size_in_the_feeds():
+    declared = [("a", 1, ["n", 3, "h", None]), ("b", 1, [None, 3, "h", "w,odd"]), ("c", 1, [2, "seq"])]
+    shapes = {"a": [4, 3, 7, 9], "b": [4, 3, 8, 5], "c": [2, 16]}
+    assert served_sizes.dims_of(declared, shapes) == "n=4,h=7,batch=4,seq=16"  # h: the first size named
+    assert served_sizes.dims_of([("a", 1, [1, 3, 5])], {"a": [1, 3, 5]}) == ""
+    assert served_sizes.dims_of(declared, {"a": [4, 3]}) == ""  # a rank ORT would refuse names nothing
+
+
+def test_auto_lays_out_at_the_sizes_it_was_tuned_on(monkeypatch, blocked):
+    """Decisions measured on feeds of h=24, w=20 (a session's recorded traffic, ``tune_with``,
+    ``ortfuse tune --inputs``) with options that name no dims: the tuner times its plans laid out at
+    those sizes, records them (``Tuning.served_dims``), and a later session that reads the decisions
+    lays its plan out at them too; the plan keeps h and w dynamic."""
+    from ortfuse.tune import measure as measuring
+    from ortfuse.tune import tuner
+
+    from timing_fixtures import raw_timing
+
+    asked = _asking(monkeypatch)
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: raw_timing(0.5, 1.0))
+    monkeypatch.delenv(tuner.ENV, raising=False)
+    model = _model()
+    x = np.random.default_rng(8).standard_normal((1, 16, 24, 20)).astype(np.float32)
+    tuning = tuner.tune(model, force=True, sample={"x": x})
+    assert tuning.served_dims == "h=24,w=20" and tuning.model_check["passed"], tuning.to_dict()
+    assert asked["winograd"] and set(asked["winograd"]) == {(24, 20)}, asked
+    assert tuner.Tuning.from_dict(tuning.to_dict()).served_dims == "h=24,w=20"
+    asked["winograd"].clear()
+    so = _options(None)
+    so.add_session_config_entry("ortfuse.tune", "off")  # the cached decisions only
+    sess = ortfuse.InferenceSession(model.SerializeToString(), so, fusion="auto")
+    note = str(sess.fusion_report)
+    assert "1 3x3 conv(s) as Winograd" in note, note
+    assert sess.get_inputs()[0].shape == [1, 16, "h", "w"]
+    for h, w in [(24, 20), (11, 31)]:
+        x = np.random.default_rng(h).standard_normal((1, 16, h, w)).astype(np.float32)
+        assert _close(sess.run(None, {"x": x})[0], _stock(model, x)) <= TOL, (h, w)

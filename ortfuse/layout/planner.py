@@ -29,7 +29,17 @@ import onnx
 
 from ortfuse.fusion.discontinuity import deciding_tensors
 from ortfuse.ir.graph import GraphIndex
-from ortfuse.layout import blocked_scale, channel_padding, deconv, depthwise, op_timing, regions, se_block, winograd
+from ortfuse.layout import (
+    blocked_scale,
+    channel_padding,
+    deconv,
+    depthwise,
+    op_timing,
+    regions,
+    se_block,
+    served_sizes,
+    winograd,
+)
 from ortfuse.layout.probe import block_size
 
 MAX_BYTES = 1 << 30  # a larger model is not written out and read back a second time
@@ -239,16 +249,17 @@ def _padding_wins(plain: _Blocked, padded: _Blocked, original: onnx.ModelProto, 
 
 def _served_shape(original: onnx.ModelProto, sess_options) -> tuple[Callable[[str], list | None] | None,
                                                                     dict[str, int], str]:
-    """(the shapes of ``original``'s tensors with the dims the session's ``ortfuse.tune_dims``
-    entry names fixed, or None when it names none of the model's dynamic dims; those dims; a note
-    for the report when the entry could not be used). The layout's native convs are timed at these
-    shapes; the plan keeps every dim the model declares dynamic, and runs at any size."""
-    from ortfuse.foundation.session_options import DIMS_KEY, config_entry
+    """(the shapes of ``original``'s tensors with the dims the ``ortfuse.tune_dims`` entry names
+    fixed (the session's, else the one its auto tuning measured on: ``served_sizes.entry``), or None
+    when it names none of the model's dynamic dims; those dims; a note for the report when the entry
+    could not be used). The layout's native convs are timed at these shapes; the plan keeps every
+    dim the model declares dynamic, and runs at any size."""
+    from ortfuse.foundation.session_options import DIMS_KEY
     from ortfuse.ir.feeds import FeedError, with_named_dims
     from ortfuse.ir.model_args import ModelArgError, parse_dims
 
     try:
-        named = parse_dims(config_entry(sess_options, DIMS_KEY))
+        named = parse_dims(served_sizes.entry(sess_options))
         fixed = with_named_dims(original, named) if named else None
     except (ModelArgError, FeedError) as exc:
         return None, {}, f"; the {DIMS_KEY} entry was not used ({exc})"

@@ -370,9 +370,11 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     native, reference = frozenset(native_op_types(fused)), reference_op_inputs(fused)
     # the layout step needs the native ops (docs/ARCHITECTURE.md §9); auto may have measured the plan faster without
     if reference is None and kernels is None and (used is None or used.layout):
+        from ortfuse.layout import served_sizes
         from ortfuse.tune.layout_memo import plan_layout  # a tuning that timed this plan laid it out already
 
-        layout, why_not = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers, data)
+        with served_sizes.serving(used.served_dims if used is not None else ""):  # the sizes it was tuned at
+            layout, why_not = plan_layout(model, fused, sess_options, native, report.disabled_ort_optimizers, data)
         if layout is not None:
             data, native, needs_custom_ops = layout.model.SerializeToString(), native | layout.native_ops, True
         report.notes.append(layout.note if layout is not None else why_not)

@@ -80,6 +80,9 @@ class Tuning:
     # False: the plan is the fused model without the layout step (a candidate plan that won, tune.plan_choice)
     layout: bool = True
     choice: dict | None = None  # the candidate whole-model plans timed against each other (tune.plan_choice)
+    # the ortfuse.tune_dims value its plans' layout was timed at when the options named none: the sizes of
+    # the feeds it measured on (layout.served_sizes); the plan these decisions give is laid out at them too
+    served_dims: str = ""
     # how the sample shapes were chosen when the budget of sample inputs mattered (ir.feeds.sample_shapes;
     # set by the tuner on every call, not cached: the key's shapes are those it chose)
     sample_note: str = ""
@@ -172,7 +175,7 @@ class Tuning:
         return {"format": FORMAT, "key": self.key, "seconds": self.seconds, "model_check": self.model_check,
                 "failure": self.failure, "budget_spent": self.budget_spent, "ranked": self.ranked,
                 "whole_plan": self.whole_plan, "layout": self.layout, "choice": self.choice,
-                "decisions": [dataclasses.asdict(d) for d in self.decisions]}
+                "served_dims": self.served_dims, "decisions": [dataclasses.asdict(d) for d in self.decisions]}
 
     @classmethod
     def from_dict(cls, data: dict, path: str = "") -> Tuning:
@@ -180,7 +183,7 @@ class Tuning:
                    data.get("seconds", 0.0), path, from_cache=True, failure=data.get("failure"),
                    budget_spent=bool(data.get("budget_spent", False)), ranked=data.get("ranked", ""),
                    whole_plan=data.get("whole_plan"), layout=bool(data.get("layout", True)),
-                   choice=data.get("choice"))
+                   choice=data.get("choice"), served_dims=str(data.get("served_dims") or ""))
 
 
 def budget_reason(budget_s: float) -> str:

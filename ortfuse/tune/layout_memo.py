@@ -5,9 +5,9 @@ instead of asking ORT to optimize the model again and timing the layout's probes
 
 Contract: ``plan_layout(...)`` takes ``plan_layout``'s arguments and returns what it returns.
 Inside ``with remembering():`` (in this thread) the last result is kept, keyed by the sha256 of
-the fused model's bytes and of the original model's, the optimization level, intra-op threads and
-``ortfuse.tune_dims`` entry of the options, the native ops and the disabled ORT optimizers; it is
-dropped when the block ends.
+the fused model's bytes and of the original model's, the optimization level and intra-op threads
+of the options, the sizes the layout is timed at (``layout.served_sizes.entry``), the native ops
+and the disabled ORT optimizers; it is dropped when the block ends.
 Outside such a block every call runs the layout step. Callers must not change the returned
 ``Layout.model`` (both only serialize it).
 """
@@ -19,7 +19,7 @@ import hashlib
 import threading
 from collections.abc import Iterator
 
-from ortfuse.foundation.session_options import DIMS_KEY, config_entry
+from ortfuse.layout import served_sizes
 
 _local = threading.local()  # .last: None (not remembering) or a list holding at most one (key, result)
 
@@ -47,7 +47,7 @@ def plan_layout(original, fused, sess_options, native_ops: frozenset, disabled_o
     level = int(sess_options.graph_optimization_level) if sess_options is not None else -1
     threads = int(sess_options.intra_op_num_threads) if sess_options is not None else 0
     key = (hashlib.sha256(data).hexdigest(), hashlib.sha256(original.SerializeToString()).hexdigest(), level,
-           threads, config_entry(sess_options, DIMS_KEY), tuple(sorted(native_ops)),
+           threads, served_sizes.entry(sess_options), tuple(sorted(native_ops)),
            tuple(sorted(disabled_optimizers or ())))
     if last and last[0][0] == key:
         return last[0][1]

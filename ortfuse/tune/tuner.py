@@ -37,6 +37,7 @@ from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
 from ortfuse.ir.model_args import parse_dims
 from ortfuse.kernel_choice import ranking, registry
+from ortfuse.layout import served_sizes
 from ortfuse.tune import lookup, steps
 from ortfuse.tune import measure as measuring
 from ortfuse.tune.decisions import FORMAT, MARGIN, MODEL_LIMIT, Tuning
@@ -79,8 +80,12 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     named = {**dims_from_options(sess_options), **(dims or {})}
     batch = int(named.get("batch", batch))
     planned = None
+    served = ""  # the sizes of the feeds measured on, where the options name none (layout.served_sizes)
     if sample is not None:
         shapes = {name: [int(d) for d in np.shape(value)] for name, value in sample.items()}
+        if not config_entry(sess_options, DIMS_KEY):
+            with contextlib.suppress(feeds.FeedError):
+                served = served_sizes.dims_of(feeds.declared_inputs(model), shapes)
     else:
         try:
             declared = feeds.declared_inputs(model)
@@ -109,36 +114,39 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     start = time.perf_counter()
     budget = measuring.BUDGET_S if budget_s is None else budget_s
     ranked = ""
-    try:  # the feeds only now: the key needs shapes only
-        feed = dict(sample) if sample is not None else feeds.random_feeds(declared, seed=0, model=model, shapes=shapes)
-        won, whole = measuring.whole_plan(model, ids, level, threads, feed, key, precision,
-                                          budget_s=max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
-        steps.mark("whole plan judged")
-        if won is not None:  # every match fused wins: kept as a whole, nothing to measure one by one
-            tuning = won
-        else:
-            verdicts: dict = {}
-            if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
-                ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
-                steps.mark("kernels ranked")
-                key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
-                path = _cache_path(key)
-            left = max(budget - (time.perf_counter() - start), 0.25 * budget)
-            # every match fused runs and its median pass beat stock ORT without the evidence: a candidate plan
-            compared = whole is not None and "failure" not in whole
-            tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision,
-                                       budget_s=max(left - measuring.MODEL_BUDGET_S, 0.2 * left) if compared else left,
-                                       verdicts=verdicts, check=not compared)
-            tuning.whole_plan = whole
-            steps.mark("matches measured")
-            if compared:
-                # each look as long as the whole-model check's (the measuring above left it that much)
-                tuning = _best_plan(model, ids, level, threads, feed, key, precision, tuning, whole or {},
-                                    measuring.MODEL_BUDGET_S)
-    except Exception as exc:  # the model runs as stock ORT, and the report says why
-        return _noted(_failed(Tuning(key), one_sentence(exc)), note)
+    with served_sizes.serving(served):  # every plan timed is laid out at the sizes measured on
+        try:  # the feeds only now: the key needs shapes only
+            feed = dict(sample) if sample is not None else \
+                feeds.random_feeds(declared, seed=0, model=model, shapes=shapes)
+            won, whole = measuring.whole_plan(model, ids, level, threads, feed, key, precision,
+                                              budget_s=max(measuring.MODEL_BUDGET_S, WHOLE_PLAN_SHARE * budget))
+            steps.mark("whole plan judged")
+            if won is not None:  # every match fused wins: kept as a whole, nothing to measure one by one
+                tuning = won
+            else:
+                verdicts: dict = {}
+                if ranking.enabled() and level == _enable_all():  # the alternatives first, in the whole model
+                    ranked, verdicts = _rank(model, ids, feed, threads, precision, RANK_SHARE * budget)
+                    steps.mark("kernels ranked")
+                    key = _cache_key(model, ids, level, threads, shapes, precision)  # the ranking is part of it
+                    path = _cache_path(key)
+                left = max(budget - (time.perf_counter() - start), 0.25 * budget)
+                # every match fused runs and its median pass beat stock ORT without the evidence: a candidate plan
+                compared = whole is not None and "failure" not in whole
+                by_match_s = max(left - measuring.MODEL_BUDGET_S, 0.2 * left) if compared else left
+                tuning = measuring.measure(model, ids, level, threads, feed, key, progress, precision,
+                                           budget_s=by_match_s, verdicts=verdicts, check=not compared)
+                tuning.whole_plan = whole
+                steps.mark("matches measured")
+                if compared:
+                    # each look as long as the whole-model check's (the measuring above left it that much)
+                    tuning = _best_plan(model, ids, level, threads, feed, key, precision, tuning, whole or {},
+                                        measuring.MODEL_BUDGET_S)
+        except Exception as exc:  # the model runs as stock ORT, and the report says why
+            return _noted(_failed(Tuning(key), one_sentence(exc)), note)
     tuning.ranked = ranked
     tuning.sample_note = note
+    tuning.served_dims = served
     tuning.seconds = round(time.perf_counter() - start, 2)
     if not tuning.cacheable:  # a failure may pass with other feeds, an unmeasured match may win: not final
         return tuning
