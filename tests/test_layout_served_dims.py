@@ -157,8 +157,10 @@ def test_with_named_dims_fixes_the_named_dims_and_the_batch_only():
 
 def test_dims_of_names_each_dynamic_dim_by_its_size_in_the_feeds():
     declared = [("a", 1, ["n", 3, "h", None]), ("b", 1, [None, 3, "h", "w,odd"]), ("c", 1, [2, "seq"])]
-    shapes = {"a": [4, 3, 7, 9], "b": [4, 3, 8, 5], "c": [2, 16]}
-    assert served_sizes.dims_of(declared, shapes) == "n=4,h=7,batch=4,seq=16"  # h: the first size named
+    shapes = {"a": [4, 3, 7, 9], "b": [4, 3, 7, 5], "c": [2, 16]}
+    assert served_sizes.dims_of(declared, shapes) == "n=4,h=7,batch=4,seq=16"
+    shapes["b"] = [4, 3, 8, 5]  # h fed at two sizes: not named
+    assert served_sizes.dims_of(declared, shapes) == "n=4,batch=4,seq=16"
     assert served_sizes.dims_of([("a", 1, [1, 3, 5])], {"a": [1, 3, 5]}) == ""
     assert served_sizes.dims_of(declared, {"a": [4, 3]}) == ""  # a rank ORT would refuse names nothing
 

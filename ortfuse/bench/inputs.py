@@ -99,16 +99,20 @@ def _declared_inputs(path: str) -> list[tuple[str, int, list]]:
 
 
 def tune_dims(src: ModelSource) -> dict[str, int]:
-    """The named dynamic dims ``fusion="auto"`` is tuned at besides the batch: ``--dim``'s, and those of a
-    public model's natural input shape by the names its inputs declare (the tuner takes dims by name:
-    a name declared with two sizes keeps the first)."""
+    """The named dynamic dims ortfuse's sessions are planned at besides the batch (``ortfuse.tune_dims``):
+    ``--dim``'s, and those of a public model's natural input shape by the names its inputs declare
+    (``layout.served_sizes.dims_of``: a name the shape gives two sizes is not named)."""
+    from ortfuse.ir.model_args import parse_dims
+    from ortfuse.layout.served_sizes import dims_of
+
     dims = {k: int(v) for k, v in src.dims.items() if k != "batch"}
     if src.public is None or src.npz is not None:
         return dims
-    for name, _, declared in _declared_inputs(src.path):
-        for dim, size in zip(declared[1:], src.public["inputs"].get(name, [])[1:]):
-            if isinstance(dim, str):
-                dims.setdefault(dim, int(size))
+    # the first dims (the batch) are passed apart: fixed here so that they are not named
+    declared = [(name, elem, [0, *dims_[1:]]) for name, elem, dims_ in _declared_inputs(src.path)]
+    shapes = {name: [0, *shape[1:]] for name, shape in src.public["inputs"].items()}
+    for name, size in parse_dims(dims_of(declared, shapes)).items():
+        dims.setdefault(name, size)
     return dims
 
 

@@ -38,9 +38,10 @@ def entry(sess_options) -> str:
 
 def dims_of(declared: Sequence[tuple[str, int, list]], shapes: Mapping[str, Sequence[int]]) -> str:
     """The ``ortfuse.tune_dims`` value naming each dynamic dim ``declared`` names by its size in
-    ``shapes`` (the first size where inputs share a name; ``batch`` for an unnamed first dim), ""
-    when none is named. Names that would not parse back (holding "=" or ",") are left out."""
-    named: dict[str, int] = {}
+    ``shapes`` (``batch`` for an unnamed first dim), "" when none is named. A name the feeds give
+    two sizes is left out (exporters write "?" for every unknown dim: naming it would set them all
+    to one size), as are names that would not parse back (holding "=" or ",")."""
+    sizes_by_name: dict[str, set[int]] = {}
     for name, _, dims in declared:
         sizes = shapes.get(name)
         if sizes is None or len(sizes) != len(dims):
@@ -50,5 +51,5 @@ def dims_of(declared: Sequence[tuple[str, int, list]], shapes: Mapping[str, Sequ
                 continue
             label = dim if dim else "batch" if axis == 0 else None
             if label and label == label.strip() and "=" not in label and "," not in label:
-                named.setdefault(label, int(size))
-    return ",".join(f"{k}={v}" for k, v in named.items())
+                sizes_by_name.setdefault(label, set()).add(int(size))
+    return ",".join(f"{k}={v.pop()}" for k, v in sizes_by_name.items() if len(v) == 1)
