@@ -194,3 +194,17 @@ def test_auto_lays_out_at_the_sizes_it_was_tuned_on(monkeypatch, blocked):
     for h, w in [(24, 20), (11, 31)]:
         x = np.random.default_rng(h).standard_normal((1, 16, h, w)).astype(np.float32)
         assert _close(sess.run(None, {"x": x})[0], _stock(model, x)) <= TOL, (h, w)
+
+
+def test_dims_named_to_the_tuner_are_the_sizes_its_plans_are_laid_out_at(monkeypatch, blocked):
+    """``ortfuse tune MODEL --dim h=24 --dim w=20`` (random feeds at the named sizes): the decisions
+    record those sizes and the tuner's plans are laid out at them, as for served feeds."""
+    from ortfuse.tune import measure as measuring
+    from ortfuse.tune import tuner
+
+    from timing_fixtures import raw_timing
+
+    asked = _asking(monkeypatch)
+    monkeypatch.setattr(measuring, "_time_with_control", lambda f, o, c, budget: raw_timing(0.5, 1.0))
+    tuning = tuner.tune(_model(), force=True, measure=True, dims={"h": 24, "w": 20})
+    assert tuning.served_dims == "h=24,w=20" and set(asked["winograd"]) == {(24, 20)}, (tuning.served_dims, asked)

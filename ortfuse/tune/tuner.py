@@ -80,7 +80,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
     named = {**dims_from_options(sess_options), **(dims or {})}
     batch = int(named.get("batch", batch))
     planned = None
-    served = ""  # the sizes of the feeds measured on, where the options name none (layout.served_sizes)
+    served = ""  # the sizes measured at, where the options name none (layout.served_sizes)
     if sample is not None:
         shapes = {name: [int(d) for d in np.shape(value)] for name, value in sample.items()}
         if not config_entry(sess_options, DIMS_KEY):
@@ -93,6 +93,8 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
             why_not = str(exc)
         planned = feeds.sample_shapes(declared, batch, named)  # the feeds are made at these shapes
         shapes = planned.shapes
+        if dims and not config_entry(sess_options, DIMS_KEY):  # sizes named by the caller (--dim) are served
+            served = ",".join(f"{k}={int(v)}" for k, v in dims.items())
     note = planned.note if planned is not None else ""
     key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
