@@ -106,7 +106,7 @@ def test_background_serves_stock_then_swaps_to_the_fused_plan(winning):
     reached = session.time_to_plan
     swapped_at = int(session.fusion_status.split()[3].rstrip(":"))
     assert reached["plan"] == "fused" and reached["served_runs"] == swapped_at - 1 >= live_tuning.SAMPLE_RUNS
-    assert 0 < reached["seconds"] <= time.perf_counter() - served_from
+    assert 0 < reached["seconds"] <= time.perf_counter() - served_from + 5e-4  # seconds are rounded to 1 ms
     assert any(n.startswith(f"auto: final plan (fused) in effect after {swapped_at - 1} served runs")
                for n in session.fusion_report.notes)
     reached["plan"] = "changed by the caller"

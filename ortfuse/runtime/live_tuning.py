@@ -458,7 +458,10 @@ class LiveTuning:
         self._child_cpu_s = outcome.cpu_s
         began = next((t for event, t in reversed(self.timeline) if event == "child started"), None)
         if began is not None:  # the child's own steps, on this clock (from just after its interpreter started)
-            self.timeline[-1:-1] = [(f"child {event}", began + s) for event, s in outcome.steps or ()]
+            # this thread may mark "child started" after the child began its record (it was descheduled):
+            # a step then lands past "child ended", the timeline's last event, and is placed at it
+            ended = self.timeline[-1][1]
+            self.timeline[-1:-1] = [(f"child {event}", min(began + s, ended)) for event, s in outcome.steps or ()]
         if self._stop:
             raise _Stopped("the session was closed")
         self._starved_check()
