@@ -6,11 +6,12 @@ Winograd kernels and stride-2 ConvTransposes read from blocks where they measure
 (``winograd``, ``deconv``), then squeeze-excite blocks as one native op (``se_block``) and depthwise
 convs as native kernels where they do (``depthwise``). All of that is done twice when some conv's
 channels are off the block: on the fused model and on it with those channels padded to whole blocks
-(``channel_padding``), and the padded form is kept where the two whole graphs time it faster. The
-graph ORT writes is
-what the session loads; reloading it at any optimization level gives the same graph, and it holds
-for this machine only (the block size is this CPU's), as every plan does (the plan cache is keyed
-by the CPU).
+(``channel_padding``), and the padded form is kept where the two whole graphs time it faster. What
+is timed runs at the input sizes the session serves where they are named (``served_sizes``: the
+``ortfuse.tune_dims`` entry, or the sizes an auto tuning measured on); a conv whose sizes are unknown
+stays with ORT. The graph ORT writes is what the session loads; reloading it at any optimization
+level gives the same graph, and it holds for this machine only (the block size is this CPU's), as
+every plan does (the plan cache is keyed by the CPU).
 
 ``plan_layout`` returns None with the reason whenever the step does not apply or does not help: ORT
 blocks nothing here, the session does not optimize at ORT_ENABLE_ALL, the fused model holds
