@@ -81,7 +81,8 @@ class Tuning:
     layout: bool = True
     choice: dict | None = None  # the candidate whole-model plans timed against each other (tune.plan_choice)
     # the ortfuse.tune_dims value its plans' layout was timed at when the options named none: the sizes of
-    # the feeds it measured on (layout.served_sizes); the plan these decisions give is laid out at them too
+    # the feeds it measured on, or those named to it (layout.served_sizes); the plan these decisions give
+    # is laid out at them too
     served_dims: str = ""
     # how the sample shapes were chosen when the budget of sample inputs mattered (ir.feeds.sample_shapes;
     # set by the tuner on every call, not cached: the key's shapes are those it chose)
