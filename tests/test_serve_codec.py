@@ -334,3 +334,28 @@ def test_a_replica_dying_under_a_request_has_it_sent_again_then_503(conv_replica
     error = json.loads(answer.body)
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1" and error["retriable"] is True
     assert "no model replica answered in 3 attempts" in error["error"] and "send it again" in error["error"]
+
+
+def test_the_sizes_served_reach_the_replicas_sessions_and_the_command_checks_them(tmp_path):
+    """``ortfuse serve --dim width=16``: each ortfuse replica's session carries the sizes as its
+    ``ortfuse.tune_dims`` entry (its layout is timed at them) and answers as stock ORT at any width; a
+    malformed size is refused before Ray starts, in one sentence."""
+    import argparse
+
+    from ortfuse.cli import serve as serve_command
+
+    path = _write(tmp_path, _conv_model())
+    replica = ModelReplica(path, fusion=True, max_batch=1, dims="width=16")
+    assert replica.session.get_session_options().get_session_config_entry("ortfuse.tune_dims") == "width=16"
+    stock = _stock(path)
+    for width in (16, 5):
+        feeds = _feeds(2, width)
+        reply = asyncio.run(replica.infer(feeds))
+        for got, want in zip(reply.outputs.values(), stock.run(None, feeds)):
+            assert np.max(np.abs(got - want), initial=0.0) <= TOL
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    checked = serve_command._checked(parser.parse_args([path, "--dim", "width=16", "--dim", "batch=2"]))
+    assert checked[2]["dims"] == "width=16,batch=2"
+    with pytest.raises(ValueError, match="dim 'width=0' is not NAME=VALUE with a positive integer VALUE"):
+        serve_command._checked(parser.parse_args([path, "--dim", "width=0"]))

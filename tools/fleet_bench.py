@@ -18,7 +18,8 @@ Per application and repeat: p50 and p99 of the request latencies (client side), 
 answered over the blocks' wall time) and the p50 of the replicas' own run times (``x-ortfuse-run-ms``);
 each ratio to ``stock`` is the median over repeats. Beside it, the single-process ratios of the same
 sessions (one thread each, interleaved single runs, ``protocol.measure``), so the p50 ratio behind Ray
-can be compared with the one in one process.
+can be compared with the one in one process. The ortfuse sessions, behind Ray and in one process, are
+told the requests' sizes (``ortfuse serve --dim``, ``served_dims``).
 
 Writes ``fleet_bench-<models>-<date>.json`` (raw latencies, protocol, environment, summary) with
 ``--json DIR``, and prints the summary.
@@ -59,6 +60,15 @@ def model_inputs(name: str) -> tuple[str, dict[str, np.ndarray]]:
     if name in public.MODELS_TABLE:
         return str(public.fetch(name)), public.sample_inputs(name)
     return str(models.build(name)), models.sample_inputs(name, batch=1)
+
+
+def served_dims(path: str, feeds: dict[str, np.ndarray]) -> str:
+    """The sizes the requests have, by the names the model declares (``ortfuse serve --dim``): the
+    ortfuse replicas are told them, as a deployment serving fixed sizes would be."""
+    from ortfuse.ir.feeds import declared_inputs
+    from ortfuse.layout.served_sizes import dims_of
+
+    return dims_of(declared_inputs(path), {name: list(value.shape) for name, value in feeds.items()})
 
 
 def npz(feeds: dict[str, np.ndarray]) -> bytes:
@@ -106,8 +116,10 @@ def fleet(path: str, feeds: dict, replicas: int, args, store: str) -> dict:
     from ortfuse.serve import deployment, startup
 
     urls = {}
+    dims = served_dims(path, feeds)
     for name in CONFIGS:
-        app = deployment.application(path, replicas=replicas, fusion=FUSION[name], plan_store=store, max_batch=1)
+        app = deployment.application(path, replicas=replicas, fusion=FUSION[name], plan_store=store, max_batch=1,
+                                     dims=dims if FUSION[name] is not False else "")
         urls[name] = startup.deploy(app, name, f"/{name}", port=args.port, local=True).url
     body, clients = npz(feeds), 2 * replicas
     tuned_by, seen = time.monotonic() + TUNED_S, {}
@@ -163,7 +175,9 @@ def single_process(path: str, feeds: dict, store: str, args) -> dict:
     from ortfuse.serve.replica import open_session
 
     os.environ["ORTFUSE_TUNE"] = "off"  # auto installs the plan its replicas published, measures nothing
-    sessions = {name: open_session(path, FUSION[name], store, 1) for name in CONFIGS}
+    dims = served_dims(path, feeds)
+    sessions = {name: open_session(path, FUSION[name], store, 1, dims if FUSION[name] is not False else "")
+                for name in CONFIGS}
     statuses = {name: getattr(s, "fusion_status", "stock ORT") for name, s in sessions.items()}
     assert isinstance(sessions["stock"], onnxruntime.InferenceSession)
     assert isinstance(sessions["fused"], ortfuse.InferenceSession)

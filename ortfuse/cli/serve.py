@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
                    help="requests run together when every input has a dynamic batch dim (default 8; 1: never)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a batch waits for more requests (default 2 ms)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="a size the replicas serve, by the name the model's input declares (repeat it): "
+                        "ortfuse's sessions choose their native convs at it (the ortfuse.tune_dims entry)")
     p.add_argument("--name", default=None, help="the application's name (default: the model file's)")
     p.add_argument("--route-prefix", default="/", help="the URL path it is served at (default /)")
     p.add_argument("--object-store-mb", type=int, default=None,
@@ -80,7 +83,7 @@ def run(args) -> int:
         app = deployment.application(path, replicas=args.replicas, fusion=deployment.fusion_value(args.fusion),
                                      plan_store=options["plan_store"], threads=args.threads,
                                      max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1e3,
-                                     ray_actor_options=options["actor"])
+                                     ray_actor_options=options["actor"], dims=options["dims"])
         served = startup.deploy(app, options["name"], args.route_prefix, args.host, args.port, local)
         for number in (signal.SIGINT, signal.SIGTERM):  # from now on a signal stops the serving cleanly
             signal.signal(number, lambda *_: stop.set())
@@ -155,7 +158,10 @@ def _checked(args) -> tuple[str, object, dict]:
             raise ValueError("--runtime-env-json must be a JSON object (Ray's runtime_env)")
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(path))[0])
     store = os.path.abspath(args.plan_store) if args.plan_store else None
-    return path, signature, {"actor": actor, "name": name, "plan_store": store}
+    from ortfuse.ir.model_args import parse_dims
+
+    dims = ",".join(f"{k}={v}" for k, v in parse_dims(args.dim).items())  # ModelArgError is a ValueError
+    return path, signature, {"actor": actor, "name": name, "plan_store": store, "dims": dims}
 
 
 def _print_ready(args, path: str, signature, served, store: str | None) -> None:

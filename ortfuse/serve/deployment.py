@@ -35,7 +35,7 @@ def fusion_value(text: str):
 
 def application(model: str, *, replicas: int = 1, fusion="auto", plan_store: str | None = None, threads: int = 1,
                 max_batch: int = 8, batch_wait_s: float = 0.002, ray_actor_options: dict | None = None,
-                attempts: int = ATTEMPTS):
+                attempts: int = ATTEMPTS, dims: str = ""):
     """The bound application (``serve.run`` it); ``model`` must be a path every replica can read."""
     if replicas < 1 or threads < 1 or max_batch < 1:
         raise ValueError(f"replicas ({replicas}), threads ({threads}) and max_batch ({max_batch}) must be at least 1")
@@ -44,5 +44,5 @@ def application(model: str, *, replicas: int = 1, fusion="auto", plan_store: str
         ray_actor_options={"num_cpus": threads, **(ray_actor_options or {})})(ModelReplica)
     ingress = serve.deployment(name="ingress", num_replicas=1, max_ongoing_requests=INGRESS_ONGOING,
                                ray_actor_options={"num_cpus": 0})(Ingress)
-    replica = model_deployment.bind(model, fusion, plan_store, threads, max_batch, batch_wait_s)
+    replica = model_deployment.bind(model, fusion, plan_store, threads, max_batch, batch_wait_s, dims)
     return ingress.bind(replica, attempts)

@@ -6,7 +6,8 @@ Contract:
   so replicas tune each (model, CPU fingerprint, versions) once and one started after the plan is
   published serves fused from its first request; none given: the replica's ``ORTFUSE_PLAN_STORE``,
   else ``<cache>/plan-store`` of its host), ``False`` through ``onnxruntime.InferenceSession``
-  itself (stock ORT); ``threads`` intra-op threads, the CPUs Ray reserves for the replica;
+  itself (stock ORT); ``threads`` intra-op threads, the CPUs Ray reserves for the replica; ``dims``
+  (``"name=value,..."``) the sizes served, the ortfuse sessions' ``ortfuse.tune_dims`` entry;
 - ``infer(feeds)`` takes inputs already checked against ``signature`` (the ingress does it) and
   returns a ``Reply``, never raises: an error ORT reports as an invalid argument is a 400, any other
   a retriable 500;
@@ -49,16 +50,19 @@ class Reply:
     meta: dict = field(default_factory=dict)
 
 
-def open_session(model: str, fusion, plan_store: str | None, threads: int):
+def open_session(model: str, fusion, plan_store: str | None, threads: int, dims: str = ""):
     """The replica's session (see the module docstring)."""
     if fusion is False:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     import ortfuse
+    from ortfuse.foundation.session_options import DIMS_KEY
 
     options = ortfuse.SessionOptions()
     options.intra_op_num_threads = threads
+    if dims:  # the sizes served: the plan's native convs are chosen at them
+        options.add_session_config_entry(DIMS_KEY, dims)
     if fusion == "auto":
         from ortfuse.foundation.cache_paths import cache_dir
         from ortfuse.runtime.shared_plans import STORE_ENV, STORE_OPTION
@@ -81,8 +85,8 @@ class ModelReplica:
     """The model deployment's class (``deployment.application`` wraps it in ``serve.deployment``)."""
 
     def __init__(self, model: str, fusion="auto", plan_store: str | None = None, threads: int = 1,
-                 max_batch: int = 8, batch_wait_s: float = 0.002) -> None:
-        self.session = open_session(model, fusion, plan_store, threads)
+                 max_batch: int = 8, batch_wait_s: float = 0.002, dims: str = "") -> None:
+        self.session = open_session(model, fusion, plan_store, threads, dims)
         self.fusion = fusion
         self.signature = Signature.of_session(self.session)
         self.batches = max_batch > 1 and batching.batchable(self.signature)
