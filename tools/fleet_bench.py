@@ -119,7 +119,7 @@ def fleet(path: str, feeds: dict, replicas: int, args, store: str) -> dict:
     dims = served_dims(path, feeds)
     for name in CONFIGS:
         app = deployment.application(path, replicas=replicas, fusion=FUSION[name], plan_store=store, max_batch=1,
-                                     dims=dims if FUSION[name] is not False else "")
+                                     dims=dims)  # stock replicas open onnxruntime's session: no entry
         urls[name] = startup.deploy(app, name, f"/{name}", port=args.port, local=True).url
     body, clients = npz(feeds), 2 * replicas
     tuned_by, seen = time.monotonic() + TUNED_S, {}
@@ -176,8 +176,7 @@ def single_process(path: str, feeds: dict, store: str, args) -> dict:
 
     os.environ["ORTFUSE_TUNE"] = "off"  # auto installs the plan its replicas published, measures nothing
     dims = served_dims(path, feeds)
-    sessions = {name: open_session(path, FUSION[name], store, 1, dims if FUSION[name] is not False else "")
-                for name in CONFIGS}
+    sessions = {name: open_session(path, FUSION[name], store, 1, dims) for name in CONFIGS}
     statuses = {name: getattr(s, "fusion_status", "stock ORT") for name, s in sessions.items()}
     assert isinstance(sessions["stock"], onnxruntime.InferenceSession)
     assert isinstance(sessions["fused"], ortfuse.InferenceSession)
