@@ -12,6 +12,19 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
+def fan_in_weights(seed: int):
+    """``w(name, *shape)``: float32 initializers drawn in turn from one seeded generator, standard
+    normal scaled by 1/sqrt(fan-in) (the product of the dims after the first), so that conv chains
+    keep their outputs near unit size."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                       name)
+
+    return w
+
+
 def _model(nodes, inputs, outputs, initializers=(), opset=OPSET, name="g") -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortfuse-tests")

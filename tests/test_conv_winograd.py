@@ -18,6 +18,8 @@ from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.layout import winograd
 from ortfuse.layout.probe import block_size
 
+from model_fixtures import fan_in_weights
+
 OP = winograd.OP
 TOL = 1e-4
 InvalidArgument = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
@@ -156,11 +158,7 @@ def test_unblock_filter_reads_orts_blocked_filter(tmp_path):
 def _silu_model(c: int = 32, size: int = 24) -> onnx.ModelProto:
     """Conv 1x1 -> Conv 3x3 + SiLU (Sigmoid, Mul) -> Conv 3x3 + Relu -> Concat with its input (a
     region op, so the layout step runs)."""
-    rng = np.random.default_rng(7)
-
-    def w(name, *shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
-                                       name)
+    w = fan_in_weights(7)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
              helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -200,11 +198,7 @@ def test_layout_runs_3x3_convs_as_winograd_when_told(tmp_path, monkeypatch, mode
 
 def _residual_model(c: int = 32, size: int = 20) -> onnx.ModelProto:
     """Conv 1x1 -> a; Conv 3x3 (a) + SiLU -> Add(., a) -> Conv 1x1: a bottleneck with its shortcut."""
-    rng = np.random.default_rng(8)
-
-    def w(name, *shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
-                                       name)
+    w = fan_in_weights(8)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
              helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),

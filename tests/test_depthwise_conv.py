@@ -18,6 +18,8 @@ from ortfuse.custom_ops.kernels.depthwise_ref import depthwise_reference, pack_f
 from ortfuse.layout import depthwise, winograd
 from ortfuse.layout.probe import block_size
 
+from model_fixtures import fan_in_weights
+
 OP = depthwise.OP
 TOL = 1e-4
 InvalidArgument = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
@@ -195,11 +197,7 @@ def test_orts_blocked_depthwise_filter_is_the_kernels_layout(tmp_path):
 def _silu_model(c: int = 32, size: int = 20) -> onnx.ModelProto:
     """Conv 1x1 -> depthwise 3x3 + SiLU (Sigmoid, Mul) -> depthwise 5x5 stride 2 + HardSwish -> Conv
     1x1: ORT blocks every conv, folds HardSwish and leaves SiLU as QuickGelu."""
-    rng = np.random.default_rng(7)
-
-    def w(name, *shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
-                                       name)
+    w = fan_in_weights(7)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
              helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], group=c, pads=[1, 1, 1, 1]),

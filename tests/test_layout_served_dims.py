@@ -10,13 +10,15 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import ortfuse
 from ortfuse.foundation.session_options import DIMS_KEY
 from ortfuse.ir import feeds
 from ortfuse.layout import deconv, depthwise, se_block, served_sizes, winograd
 from ortfuse.layout.probe import block_size
+
+from model_fixtures import fan_in_weights
 
 TOL = 1e-4
 
@@ -33,11 +35,7 @@ def _close(got, ref) -> float:
 def _model(residual: bool = False, c: int = 32) -> onnx.ModelProto:
     """x [1, 16, h, w] -> Conv 1x1 -> a; Conv 3x3 (a) + SiLU -> m [+ a]; depthwise 3x3 (m) -> Concat
     with m -> Conv 1x1: a Winograd candidate and a depthwise one, the spatial dims named h and w."""
-    rng = np.random.default_rng(11)
-
-    def w(name, *shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
-                                       name)
+    w = fan_in_weights(11)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]),
              helper.make_node("Conv", ["a", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
