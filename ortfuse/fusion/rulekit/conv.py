@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.reference import ints
 from ortfuse.fusion.rulekit.checks import attr, float32_problem
 from ortfuse.fusion.rulekit.result import Match, Reject
@@ -21,6 +22,13 @@ from ortfuse.ir.graph import GraphIndex
 
 # the conv attributes of a fused conv op (``OpSpec.attrs``), as ``fused_attrs`` writes them
 CONV_SPEC_ATTRS: dict[str, type] = {"strides": str, "pads": str, "dilations": str, "group": int, "activation": str}
+
+
+# FusedConvAdd[Act](X, W, B, R; CONV_SPEC_ATTRS) = act(conv(X, W) + B + R), R of the output's shape
+def residual_reference(x, w, b, r, **a):
+    """The numpy reference of a conv with a residual sum before its activation ("" for none)."""
+    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
+                              group=a["group"], activation_kind=a["activation"], alpha=0.0, beta=0.0, residual=r)
 
 
 @dataclass

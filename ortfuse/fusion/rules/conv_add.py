@@ -9,7 +9,6 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import float32_problem, intermediate_problem
 from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
@@ -20,6 +19,7 @@ from ortfuse.fusion.rulekit.conv import (
     conv_node_attrs,
     folded_weights,
     fused_attrs,
+    residual_reference,
 )
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
@@ -86,13 +86,8 @@ def _unblocked_maker(ix: GraphIndex, tensor: str) -> str:
     return f"a cycle at '{tensor}'"
 
 
-# FusedConvAdd(X, W, B, R; conv attrs) = conv(X, W) + B + R, R of the output's shape
-def _reference(x, w, b, r, **a):
-    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
-                              group=a["group"], activation_kind="", alpha=0.0, beta=0.0, residual=r)
-
-
-SPEC = OpSpec("FusedConvAdd", ID, ("X", "W", "B", "R"), CONV_SPEC_ATTRS, _reference)
+# FusedConvAdd(X, W, B, R; conv attrs, activation "") = conv(X, W) + B + R, R of the output's shape
+SPEC = OpSpec("FusedConvAdd", ID, ("X", "W", "B", "R"), CONV_SPEC_ATTRS, residual_reference)
 
 
 # FusedConvAdd(X, W, B, R)   ->   com.microsoft:FusedConv(X, W, B, Z=R), no activation

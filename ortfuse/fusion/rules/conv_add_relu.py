@@ -6,7 +6,6 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ortfuse.custom_ops import reference
 from ortfuse.custom_ops.specs import OpSpec
 from ortfuse.fusion.rulekit.checks import float32_problem, intermediate_problem
 from ortfuse.fusion.rulekit.contract import Example, LoweringForm, PatternRule
@@ -17,6 +16,7 @@ from ortfuse.fusion.rulekit.conv import (
     conv_node_attrs,
     folded_weights,
     fused_attrs,
+    residual_reference,
 )
 from ortfuse.fusion.rulekit.examples import model, weights
 from ortfuse.fusion.rulekit.lowering import MS_DOMAIN, Context, node
@@ -59,12 +59,7 @@ def _definitely_differ(a: list, b: list) -> bool:
 
 
 # FusedConvAddAct(X, W, B, R; conv attrs, activation=relu) = relu(conv(X, W) + B + R)
-def _reference(x, w, b, r, **a):
-    return reference.conv_act(x, w, b, strides=a["strides"], pads=a["pads"], dilations=a["dilations"],
-                              group=a["group"], activation_kind=a["activation"], alpha=0.0, beta=0.0, residual=r)
-
-
-SPEC = OpSpec("FusedConvAddAct", ID, ("X", "W", "B", "R"), CONV_SPEC_ATTRS, _reference)
+SPEC = OpSpec("FusedConvAddAct", ID, ("X", "W", "B", "R"), CONV_SPEC_ATTRS, residual_reference)
 
 
 # ------------------------------------------------------------------------------------------------
