@@ -30,9 +30,10 @@ def _close(got, ref) -> float:
 
 
 def _session(block: int, strides=(1, 1), pads=(1, 1, 1, 1), act: str = "", alpha: float | None = None,
-             beta: float | None = None, threads: int = 2):
+             beta: float | None = None, threads: int = 2, **prologue):
     attrs: dict = {"block": block, "strides": list(strides), "pads": list(pads), **({"activation": act} if act else {}),
-                   **({"alpha": alpha} if alpha is not None else {}), **({"beta": beta} if beta is not None else {})}
+                   **({"alpha": alpha} if alpha is not None else {}), **({"beta": beta} if beta is not None else {}),
+                   **prologue}
     return one_op_session(OP, "xfb", threads, **attrs)
 
 
@@ -47,9 +48,10 @@ def _data(n, c, h, w, k, seed=0):
     return x, f, rng.standard_normal(c).astype(np.float32)
 
 
-def _run(block, x, f, b, strides, pads, act="", alpha=None, beta=None, threads=2):
+def _run(block, x, f, b, strides, pads, act="", alpha=None, beta=None, threads=2, **prologue):
     feeds = {"x": to_blocked(x, block), "f": pack_filter(f, block), "b": b}
-    return from_blocked(_session(block, strides, pads, act, alpha, beta, threads).run(None, feeds)[0], block)
+    return from_blocked(_session(block, strides, pads, act, alpha, beta, threads, **prologue).run(None, feeds)[0],
+                        block)
 
 
 # images wider and narrower than the in-place path needs, odd sizes, one pixel, batches
@@ -84,6 +86,23 @@ def test_every_epilogue_matches_the_reference(act, alpha, beta, threads):
     ref = depthwise_reference(x, f, b, (1, 1), (1, 1, 1, 1), act, 1.0 if alpha is None else alpha,
                               0.0 if beta is None else beta)
     assert _close(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("k, strides, pads, n, h, w", CASES[::2])
+@pytest.mark.parametrize("in_scale, in_shift", [(0.75, 0.3), (1.0, -2.5), (-1.5, 0.0)])
+def test_the_affine_prologue_pads_with_zeros_of_its_output(k, strides, pads, n, h, w, in_scale, in_shift):
+    """in_scale * X + in_shift before the conv, its padding zero (not in_shift): the in-place outputs
+    (the filter scaled, the bias per row of taps inside the image), the strips at the borders and a
+    narrow image's whole-row strip all match the reference."""
+    x, f, b = _data(n, 16, h, w, k, seed=h * w + k)
+    y = _run(8, x, f, b, strides, pads, "hard_swish", 1 / 6, 0.5, in_scale=in_scale, in_shift=in_shift)
+    ref = depthwise_reference(x, f, b, strides, pads, "hard_swish", 1 / 6, 0.5, in_scale, in_shift)
+    assert _close(y, ref) <= TOL
+    if in_shift:  # the affine applied after padding (a padding of in_shift) is told apart on the border
+        padded = np.pad(x, ((0, 0), (0, 0), pads[::2], pads[1::2]))
+        wrong = depthwise_reference(padded, f, b, strides, (0, 0, 0, 0), "hard_swish", 1 / 6, 0.5, in_scale,
+                                    in_shift)
+        assert _close(y, wrong) > 100 * TOL
 
 
 def test_nan_and_inf_propagate_through_the_epilogue():
@@ -234,6 +253,66 @@ def test_layout_runs_depthwise_convs_natively_when_told(tmp_path, monkeypatch, m
     else:
         assert "depthwise conv(s) native" not in note, note
     assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
+
+
+def _affine_model(c: int = 32, size: int = 20, second_reader: bool = False) -> onnx.ModelProto:
+    """Conv 1x1 + HardSwish -> x * a + b (PP-LCNetV3's learnable affine, scalars) -> depthwise 3x3
+    (pads 1) + HardSwish -> Conv 1x1; ``second_reader``: the affine's output is also a graph output."""
+    w = fan_in_weights(11)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
+             helper.make_node("Mul", ["h", "scale"], ["m"]), helper.make_node("Add", ["m", "shift"], ["t"]),
+             helper.make_node("Conv", ["t", "w1", "b1"], ["c1"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h1"]), helper.make_node("Conv", ["h1", "w2"], ["y"])]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, size, size])
+    outs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, size, size])]
+    if second_reader:
+        outs.append(helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [1, c, size, size]))
+    affine = [numpy_helper.from_array(np.array([v], np.float32), n) for n, v in (("scale", 0.8), ("shift", 0.45))]
+    graph = helper.make_graph(nodes, "g", [x], outs, [w("w0", c, 16, 1, 1), w("b0", c), w("w1", c, 1, 3, 3),
+                                                      w("b1", c), w("w2", 8, c, 1, 1), *affine])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("second_reader", [False, True])
+def test_an_affine_chain_before_a_depthwise_conv_becomes_its_prologue(tmp_path, monkeypatch, second_reader):
+    """ORTFUSE_DEPTHWISE=on: the scalar Mul + Add before the depthwise conv runs inside it (the note
+    says so, no chain is left before it), unless something else reads the chain's output; outputs as
+    stock ORT_DISABLE_ALL, the border included (the padding is of the affine's output)."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    monkeypatch.setenv(depthwise.ENV, "on")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    model = _affine_model(second_reader=second_reader)
+    x = np.random.default_rng(3).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    refs = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    note = str(sess.fusion_report)
+    assert "1 of 1 depthwise conv(s) native" in note, note
+    assert ("affine chain before it as its prologue" in note) != second_reader, note
+    for got, ref in zip(sess.run(None, {"x": x}), refs):
+        assert _close(got, ref) <= TOL
+
+
+@pytest.mark.parametrize("program, operands, expected", [
+    ([("Mul", ["x", "c0"]), ("Add", ["c1", "x"])], (0.5, 2.0), (0.5, 2.0)),
+    ([("Add", ["x", "c0"]), ("Mul", ["c1", "x"])], (1.0, 3.0), (3.0, 3.0)),  # (x + 1) * 3
+    ([("Sub", ["x", "c0"])], (0.25, 9.0), (1.0, -0.25)),
+    ([("Sub", ["c0", "x"])], (0.25, 9.0), None),  # c - x: not written as the op's prologue
+    ([("Mul", ["x", "c0"]), ("Relu", None)], (2.0, 0.0), None),
+    ([("Div", ["x", "c0"])], (2.0, 0.0), None),
+])
+def test_which_chains_are_affine(program, operands, expected):
+    import json
+
+    steps = [{"op": op, **({"args": args} if args else {})} for op, args in program]
+    inits = {f"k{i}": numpy_helper.from_array(np.array([v], np.float32), f"k{i}") for i, v in enumerate(operands)}
+    node = helper.make_node("FusedEltwiseChain2", ["x", "k0", "k1"], ["y"], domain=depthwise.DOMAIN,
+                            program=json.dumps(steps))
+    assert depthwise._affine_chain(node, inits) == expected
+    inits["k0"] = numpy_helper.from_array(np.ones(4, np.float32), "k0")  # a per-channel operand: not a scalar
+    assert depthwise._affine_chain(node, inits) is None
 
 
 def test_the_decision_is_measured_and_kept_per_shape(monkeypatch):

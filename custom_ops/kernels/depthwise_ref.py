@@ -44,14 +44,15 @@ def epilogue_reference(v: np.ndarray, act: str, alpha: float = 1.0, beta: float 
 
 
 def depthwise_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, strides=(1, 1), pads=(0, 0, 0, 0),
-                        act: str = "", alpha: float = 1.0, beta: float = 0.0) -> np.ndarray:
-    """Depthwise convolution in float64: x [N, C, H, W], w [C, 1, K, K], b [C], strides [sh, sw],
-    pads [top, left, bottom, right] (zeros), then the epilogue."""
+                        act: str = "", alpha: float = 1.0, beta: float = 0.0, in_scale: float = 1.0,
+                        in_shift: float = 0.0) -> np.ndarray:
+    """Depthwise convolution in float64 of in_scale * x + in_shift: x [N, C, H, W], w [C, 1, K, K],
+    b [C], strides [sh, sw], pads [top, left, bottom, right] (zeros), then the epilogue."""
     n, c, h, wd = x.shape
     k = w.shape[-1]
     sh, sw = strides
     pt, pl, pb, pr = pads
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = np.pad(in_scale * x.astype(np.float64) + in_shift, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     oh = (h + pt + pb - k) // sh + 1
     ow = (wd + pl + pr - k) // sw + 1
     y = np.zeros((n, c, oh, ow)) + b.astype(np.float64)[None, :, None, None]

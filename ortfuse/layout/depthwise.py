@@ -11,11 +11,20 @@ blocked Conv cannot fold) is folded into it as the epilogue:
     # Conv_nchwc(Xb, Fb, B; group=C, activation) [-> QuickGelu(alpha)] -> Yb
     #   ->   FusedDepthwiseConvBlocked(Xb, Fb, B; block, strides, pads, activation, alpha, beta) -> Yb
 
+An elementwise chain that alone feeds the conv and is an affine map of scalar constants (Mul, Add,
+Sub by a one-element initializer: PP-LCNetV3's learnable affine after each activation) is folded
+into it as the op's prologue, which runs in the conv's own pass over X (the padding stays zero, as
+it is of the chain's output):
+
+    # FusedEltwiseChain(Xb; x * a + b) -> Ab -> Conv_nchwc(Ab, Fb, B; ...) -> Yb
+    #   ->   FusedDepthwiseConvBlocked(Xb, Fb, B; ..., in_scale=a, in_shift=b) -> Yb
+
 ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K, K, b],
 ``depthwise_ref.pack_filter``): the node reads the same initializer.
 
-Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue) as for
-``winograd``: both timed in a one-conv model between reorders (``op_timing.native_faster``) at the
+Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue,
+prologue) as for ``winograd``: both timed in a one-conv model between reorders (the chain before
+ORT's conv where there is a prologue) (``op_timing.native_faster``) at the
 session's thread count, the native form taken only when it beats ``winograd.MARGIN``
 times ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
 ``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +47,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
+from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import node_attrs as chain_attrs
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
@@ -44,6 +55,8 @@ from ortfuse.layout import op_timing, replaced_nodes, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA
 
 OP = "FusedDepthwiseConvBlocked"
+CHAIN_PREFIX = "FusedEltwiseChain"  # FusedEltwiseChain{k}: k constant operands
+PROBE_CHAIN = "FusedEltwiseChain2"  # the affine chain of a timing probe (two operands)
 ENV = "ORTFUSE_DEPTHWISE"
 KERNELS = (3, 5)
 HARD_SWISH = (1.0 / 6.0, 0.5)  # ONNX HardSwish: v * clip(v / 6 + 1/2, 0, 1)
@@ -66,20 +79,28 @@ class Shape:
     act: str = ""
     alpha: float = 1.0
     beta: float = 0.0
+    in_scale: float = 1.0  # the prologue: X' = in_scale * X + in_shift
+    in_shift: float = 0.0
+
+    @property
+    def prologue(self) -> bool:
+        return (self.in_scale, self.in_shift) != (1.0, 0.0)
 
 
 @dataclass
 class DepthwiseResult:
     replaced: collections.Counter = field(default_factory=collections.Counter)  # epilogue -> count
     kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
+    prologues: int = 0  # affine chains folded into the native ones
 
     def summary(self) -> str:
         if not self.replaced and not self.kept:
             return ""
         parts = ", ".join(f"{n} with {act or 'no epilogue'}" for act, n in sorted(self.replaced.items()))
         done = sum(self.replaced.values())
-        return (f"{done} of {done + self.kept} depthwise conv(s) native ({OP}{': ' + parts if parts else ''}), "
-                f"{self.kept} left to ORT's (not faster here, or dims unknown)")
+        folded = f", {self.prologues} with the affine chain before it as its prologue" if self.prologues else ""
+        return (f"{done} of {done + self.kept} depthwise conv(s) native ({OP}{': ' + parts if parts else ''}"
+                f"{folded}), {self.kept} left to ORT's (not faster here, or dims unknown)")
 
 
 def mode() -> str:
@@ -133,6 +154,42 @@ def _candidate(node: onnx.NodeProto, inits: dict, block: int) -> tuple[int, list
     return (k, strides, pads, act) if act is not None else None
 
 
+_AFFINE_STEPS = ("Mul", "Add", "Sub")
+
+
+def _affine_chain(node: onnx.NodeProto | None, inits: dict) -> tuple[float, float] | None:
+    """(a, b) when ``node`` is an elementwise chain computing a * x + b with one-element float
+    initializers (Mul, Add, Sub of x by a constant, in any order), else None."""
+    if node is None or node.domain != DOMAIN or not node.op_type.startswith(CHAIN_PREFIX):
+        return None
+    if not node.op_type[len(CHAIN_PREFIX):].isdigit():  # not the blocked chain's per-channel operands
+        return None
+    try:
+        steps = json.loads(attr(node, "program", b"").decode())
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(steps, list) or not steps or not all(isinstance(step, dict) for step in steps):
+        return None
+    scale, shift = 1.0, 0.0
+    for step in steps:
+        refs = step.get("args")
+        if step.get("op") not in _AFFINE_STEPS or not isinstance(refs, list) or len(refs) != 2 \
+                or refs.count("x") != 1 or (step["op"] == "Sub" and refs[0] != "x"):
+            return None
+        other = refs[1] if refs[0] == "x" else refs[0]
+        k = int(other[1:]) if other[:1] == "c" and other[1:].isdigit() else -1
+        t = inits.get(node.input[1 + k]) if 0 <= k < len(node.input) - 1 else None
+        if t is None or t.data_type != onnx.TensorProto.FLOAT or int(np.prod(t.dims)) != 1:
+            return None
+        c = float(numpy_helper.to_array(t).reshape(-1)[0])
+        if step["op"] == "Mul":
+            scale, shift = scale * c, shift * c
+        else:
+            shift += c if step["op"] == "Add" else -c
+    scale, shift = float(np.float32(scale)), float(np.float32(shift))
+    return (scale, shift) if np.isfinite([scale, shift]).all() else None
+
+
 def may_replace(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
     """Whether ``node`` (in the fused model, before ORT optimizes it) is a Conv that may become a
     candidate: a depthwise [C, 1, K, K] filter initializer with K 3 or 5, group C, and the mode is not
@@ -163,11 +220,22 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
         fold = None if act else g.child(out, "QuickGelu", "com.microsoft")
         if fold is not None:
             act, alpha, beta, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), 0.0, fold.output[0]
-        dims = hw.get(node.input[0])
+        x = node.input[0]
+        chain = g.producer.get(x) if g.only_consumer(x) is node else None
+        affine = _affine_chain(chain, inits)
+        dims = hw.get(x)
         c = int(inits[node.input[1]].dims[0])
         shape = Shape(c, dims[0], dims[1], k, (strides[0], strides[1]), (pads[0], pads[1], pads[2], pads[3]), act,
                       alpha, beta) if dims else None
-        if shape is None or not decide(shape):
+        if shape is not None and affine is not None and chain is not None and not g.edited(chain):
+            with_prologue = Shape(**{**shape.__dict__, "in_scale": affine[0], "in_shift": affine[1]})
+            if decide(with_prologue):
+                shape, x = with_prologue, chain.input[0]
+            else:
+                chain = None
+        else:
+            chain = None
+        if shape is None or (chain is None and not decide(shape)):
             result.kept += 1
             continue
         base = node.name or node.output[0]
@@ -176,14 +244,16 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
         else:
             bias = f"{base}/depthwise_bias"
             new_inits.append(numpy_helper.from_array(np.zeros(c, np.float32), bias))
-        new = helper.make_node(OP, [node.input[0], node.input[1], bias], [out], name=f"{base}/depthwise",
+        new = helper.make_node(OP, [x, node.input[1], bias], [out], name=f"{base}/depthwise",
                                domain=DOMAIN, **_node_attrs(shape, block))
         new.doc_string = f"ortfuse layout: {base} as a native depthwise conv on NCHWc blocks"
-        replaced_nodes.record(new, [n for n in (node, fold) if n is not None])
+        replaced_nodes.record(new, [n for n in (chain, node, fold) if n is not None])
         g.replace(node, new)
-        if fold is not None:
-            g.drop(fold)
+        for gone in (chain, fold):
+            if gone is not None:
+                g.drop(gone)
         result.replaced[act] += 1
+        result.prologues += chain is not None
     g.add_initializer(*new_inits)
     g.commit()
     return result
@@ -193,6 +263,8 @@ def _node_attrs(s: Shape, block: int) -> dict[str, Any]:
     attrs: dict[str, Any] = {"block": block, "strides": list(s.strides), "pads": list(s.pads)}
     if s.act:
         attrs.update(activation=s.act, alpha=s.alpha, beta=s.beta)
+    if s.prologue:
+        attrs.update(in_scale=s.in_scale, in_shift=s.in_shift)
     return attrs
 
 
@@ -208,7 +280,8 @@ def _ort_conv_attrs(s: Shape) -> dict[str, Any]:
 
 
 def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
-    """One depthwise conv between reorders, as ORT's blocked Conv (+QuickGelu) and as the native op."""
+    """One depthwise conv between reorders, as ORT's blocked Conv (+QuickGelu; after the affine
+    chain ``x * in_scale + in_shift`` where ``s`` has a prologue) and as the native op."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((s.c, 1, s.k, s.k)) / s.k).astype(np.float32)
     oh = (s.h + s.pads[0] + s.pads[2] - s.k) // s.strides[0] + 1
@@ -220,6 +293,14 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
     first = helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC)
     last = helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=s.c)
     stock = [first, helper.make_node("Conv", ["xb", "wb", "b"], ["yb"], domain=NCHWC, **_ort_conv_attrs(s))]
+    affine: list[onnx.TensorProto] = []
+    if s.prologue:
+        program = json.dumps([{"op": "Mul", "args": ["x", "c0"]}, {"op": "Add", "args": ["x", "c1"]}])
+        stock.insert(1, helper.make_node(PROBE_CHAIN, ["xb", "in_scale", "in_shift"], ["xa"], domain=DOMAIN,
+                                         program=program, **chain_attrs({"program": program})))
+        stock[2].input[0] = "xa"
+        affine = [numpy_helper.from_array(np.array([v], np.float32), n)
+                  for n, v in (("in_scale", s.in_scale), ("in_shift", s.in_shift))]
     if s.act == "quick_gelu":
         stock[-1].output[0] = "cb"
         stock.append(helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=s.alpha))
@@ -227,8 +308,8 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
               helper.make_opsetid("com.microsoft", 1)]
     out = []
-    for nodes in (stock, native):
-        graph = helper.make_graph([*nodes, last], "depthwise_probe", *io, inits)
+    for nodes, held in ((stock, inits + affine), (native, inits)):
+        graph = helper.make_graph([*nodes, last], "depthwise_probe", *io, held)
         out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
     return out[0], out[1]
 
@@ -239,7 +320,8 @@ def measured_faster(shape: Shape, block: int, threads: int, cold: bool = False) 
     depthwise conv of this shape between reorders (``op_timing.native_faster``)."""
     stock, native = pair_models(shape, block)
     return op_timing.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
-                                 MARGIN, cold=cold)
+                                 MARGIN, stock_ops=frozenset({PROBE_CHAIN}) if shape.prologue else frozenset(),
+                                 cold=cold)
 
 
 def decider(block: int, threads: int, cold: bool = False) -> Callable[[Shape], bool]:

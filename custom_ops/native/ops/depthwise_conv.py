@@ -11,13 +11,15 @@ filter); B [C]. Attributes:
 bottom, right], ``activation`` (absent: none; ``relu``; ``clip``: min(max(v, alpha), beta);
 ``hard_sigmoid``: clip(alpha v + beta, 0, 1); ``hard_swish``: v * clip(alpha v + beta, 0, 1);
 ``quick_gelu``: v * sigmoid(alpha v), SiLU at alpha 1; ``sigmoid``), ``alpha``, ``beta`` (floats,
-default 1 and 0). Output Y [N, C, OH, OW], blocked like X, OH = (H + top + bottom - K) // sh + 1 and
-OW likewise:
+default 1 and 0), ``in_scale``, ``in_shift`` (floats, default 1 and 0: an affine prologue on X, the
+scalar Mul and Add a blocked region leaves before the conv). Output Y [N, C, OH, OW], blocked like X,
+OH = (H + top + bottom - K) // sh + 1 and OW likewise:
 
-    Y[n, c, oy, ox] = act(B[c] + sum_{ky, kx < K} F[c, 0, ky, kx] * X[n, c, oy*sh - top + ky, ox*sw - left + kx])
+    Y[n, c, oy, ox] = act(B[c] + sum_{ky, kx < K} F[c, 0, ky, kx] * X'[n, c, oy*sh - top + ky, ox*sw - left + kx])
 
-(taps outside the image read zero). Any other rank, shape, block, stride or pad is an ORT error
-status naming what was expected; nothing is read or written outside the tensors.
+with X' = in_scale * X + in_shift inside the image and zero outside (the padding is of X', as when
+the affine is a node of its own before the conv). Any other rank, shape, block, stride or pad is an
+ORT error status naming what was expected; nothing is read or written outside the tensors.
 
 Work is split into blocks of output rows of one image and one channel block (``TARGET_BLOCKS`` per
 run, rows permitting). Every output is computed by the register-blocked ``dw_row``
@@ -26,8 +28,11 @@ outputs whose taps all fall inside the image read X in place, those at the left 
 read zero-padded strips of the block's input rows, copied once per block (a narrow image at stride 1:
 one strip of whole padded rows, ``split_columns``). Relu, Clip, HardSigmoid and HardSwish are
 applied in registers before the store; QuickGelu and Sigmoid (exp) to each output row while it is in
-cache. ``fill_strip`` and the epilogue loops are plain numba loops; nothing allocates but the one
-scratch buffer per block (``c_malloc``; a failure is an ORT error status).
+cache. The prologue costs no pass over X: the in-place outputs use the filter times in_scale and
+the bias B + in_shift * (the sum of the taps on rows inside the image), per output row; the strips
+hold X' itself, written while they are copied. ``fill_strip`` and the epilogue loops are plain
+numba loops; nothing allocates but the one scratch buffer per block (``c_malloc``; a failure is an
+ORT error status).
 """
 
 from __future__ import annotations
@@ -61,13 +66,15 @@ ACTIVATIONS = ("relu", "clip", "hard_sigmoid", "hard_swish", "quick_gelu", "sigm
 ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_QUICK_GELU, ACT_SIGMOID = range(7)
 KERNELS = (3, 5)
 # attribute words: block; strides (count, 2 values); pads (count, 4 values); activation (count, index);
-# alpha; beta
-DA_BLOCK, DA_STRIDES, DA_PADS, DA_ACT, DA_ALPHA, DA_BETA = 0, 1, 4, 9, 11, 12
+# alpha; beta; in_scale; in_shift
+DA_BLOCK, DA_STRIDES, DA_PADS, DA_ACT, DA_ALPHA, DA_BETA, DA_IN_SCALE, DA_IN_SHIFT = 0, 1, 4, 9, 11, 12, 13, 14
 ATTRS = (AttrDef("block", "int", DA_BLOCK), AttrDef("strides", "ints", DA_STRIDES, max_steps=2),
          AttrDef("pads", "ints", DA_PADS, max_steps=4),
          AttrDef("activation", "choice", DA_ACT, required=False, choices=ACTIVATIONS, max_steps=1),
          AttrDef("alpha", "float", DA_ALPHA, required=False, default=1.0),
-         AttrDef("beta", "float", DA_BETA, required=False, default=0.0))
+         AttrDef("beta", "float", DA_BETA, required=False, default=0.0),
+         AttrDef("in_scale", "float", DA_IN_SCALE, required=False, default=1.0),
+         AttrDef("in_shift", "float", DA_IN_SHIFT, required=False, default=0.0))
 ROWS = 8  # outputs per register-blocked call, K 3 stride 1
 ROWS_WIDE = 4  # K 5 or stride 2
 MIN_CALLS = 4  # fewer register-blocked calls per row in place: the whole row from a padded strip
@@ -75,8 +82,8 @@ SCRATCH_FLOATS = 32 * 1024  # strips of input rows per block: 128 KB, within a c
 TARGET_BLOCKS = 64  # blocks of rows wanted per run (load balance on the pool), rows permitting
 # args block (int64 words)
 (DG_X, DG_F, DG_B, DG_Y, DG_C, DG_H, DG_W, DG_OH, DG_OW, DG_LANES, DG_K, DG_SH, DG_SW, DG_PT, DG_PL, DG_ACT,
- DG_ALPHA, DG_BETA, DG_RB, DG_PER_PLANE, DG_PR, DG_FAILED) = range(22)
-ARGS_BYTES = 8 * 22
+ DG_ALPHA, DG_BETA, DG_RB, DG_PER_PLANE, DG_PR, DG_FAILED, DG_IN_SCALE, DG_IN_SHIFT) = range(24)
+ARGS_BYTES = 8 * 24
 
 _T_SHAPES = cstr("X must have rank 4, F the shape [C, 1, K, K] with C = X's channels and K 3 or 5, "
                  "and B the shape [C]")
@@ -146,9 +153,10 @@ def _interior(src, rs, fa, ky0, ky1, ba, dst, n, k, sw, lanes, ep):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def fill_strip(x, h, w, lanes, iy0, rows, c0, cols, buf):
-    """Columns c0 .. c0 + cols of the input rows iy0 .. iy0 + rows of a plane x [H, W, lanes] into
-    ``buf`` [rows, cols, lanes]; columns and rows outside the image are zero (the padding)."""
+def fill_strip(x, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
+    """Columns c0 .. c0 + cols of the input rows iy0 .. iy0 + rows of a plane x [H, W, lanes], each
+    value v as scale * v + shift, into ``buf`` [rows, cols, lanes]; columns and rows outside the
+    image are zero (the padding)."""
     b = f32_view(buf, rows * cols * lanes)
     lo = min(max(0, -c0), cols)  # the strip's columns inside the image: lo .. hi
     hi = max(lo, min(cols, w - c0))
@@ -159,8 +167,12 @@ def fill_strip(x, h, w, lanes, iy0, rows, c0, cols, buf):
             src = (iy * w + c0) * lanes
             for i in range(lo * lanes):
                 b[at + i] = ZERO
-            for i in range(lo * lanes, hi * lanes):
-                b[at + i] = x[src + i]
+            if scale == ONE and shift == ZERO:
+                for i in range(lo * lanes, hi * lanes):
+                    b[at + i] = x[src + i]
+            else:
+                for i in range(lo * lanes, hi * lanes):
+                    b[at + i] = scale * x[src + i] + shift
             for i in range(hi * lanes, cols * lanes):
                 b[at + i] = ZERO
         else:
@@ -220,34 +232,74 @@ def _strip_cols(o0, o1, k, sw):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def scratch_floats(rb, sh, k, w, ow, sw, pl, lanes):
-    """Floats of one block's scratch (``dw_plane``) for rb output rows: the epilogue words, then the
-    strips of the input rows they read."""
+    """Floats of one block's scratch (``dw_plane``) for rb output rows: the epilogue words, the
+    prologue's filter, bias and tap row sums (K*K + K + 1 vectors), then the strips of the input rows
+    they read."""
     lo, hi = split_columns(w, ow, k, sw, pl)
     cols = _strip_cols(0, lo, k, sw) + _strip_cols(hi, ow, k, sw)
-    return ((rb - 1) * sh + k) * cols * lanes + 8
+    return ((rb - 1) * sh + k) * cols * lanes + 8 + (k * k + k + 1) * lanes
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, act, alpha, beta, buf):
+def _prologue_filter(fa, k, lanes, scale, fs, sums):
+    """fs = scale * the filter at fa [K, K, lanes]; sums[ky] = the sum of its row ky's taps (unscaled)."""
+    f = f32_view(fa, k * k * lanes)
+    scaled = f32_view(fs, k * k * lanes)
+    rsum = f32_view(sums, k * lanes)
+    for ky in range(k):
+        for lane in range(lanes):
+            total = ZERO
+            for kx in range(k):
+                v = f[(ky * k + kx) * lanes + lane]
+                scaled[(ky * k + kx) * lanes + lane] = scale * v
+                total += v
+            rsum[ky * lanes + lane] = total
+
+
+@njit(nogil=True, error_model="numpy", cache=True)
+def _prologue_bias(ba, sums, k, ky0, ky1, lanes, shift, out):
+    """out = bias + shift * (sum of the taps on rows ky0 .. ky1): the bias of an output whose taps on
+    those rows are inside the image, X' = scale * X + shift there."""
+    b = f32_view(ba, lanes)
+    rsum = f32_view(sums, k * lanes)
+    o = f32_view(out, lanes)
+    for lane in range(lanes):
+        total = ZERO
+        for ky in range(ky0, ky1):
+            total += rsum[ky * lanes + lane]
+        o[lane] = b[lane] + shift * total
+
+
+@njit(nogil=True, error_model="numpy", cache=True)
+def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, act, alpha, beta, buf, scale,
+             shift):
     """Output rows oy0..oy1 of one channel block of one image: xa its input plane [H, W, lanes], fa
     its filter [K, K, lanes], ba its bias [lanes], ya its output plane [OH, OW, lanes]; ``buf``:
-    scratch_floats(oy1 - oy0, ...) floats. Outputs whose taps all fall inside the image read X in
-    place (rows of the padding above and below skipped); the others read zero-padded strips of
-    the block's input rows, copied once."""
+    scratch_floats(oy1 - oy0, ...) floats; the prologue X' = scale * X + shift (module docstring).
+    Outputs whose taps all fall inside the image read X in place (rows of the padding above and
+    below skipped); the others read zero-padded strips of X' on the block's input rows, copied once."""
     ep = buf
     epilogue_words(ep, act, alpha, beta)
     lo, hi = split_columns(w, ow, k, sw, pl)
     cl = _strip_cols(0, lo, k, sw)
     cr = _strip_cols(hi, ow, k, sw)
     rows = (oy1 - oy0 - 1) * sh + k
-    left = buf + 32
+    affine = scale != ONE or shift != ZERO
+    fs = buf + 32  # the prologue's filter, the bias of the current row, the taps' row sums
+    row_bias = fs + 4 * k * k * lanes
+    sums = row_bias + 4 * lanes
+    left = sums + 4 * k * lanes
     right = left + 4 * rows * cl * lanes
+    fin, bin_ = fa, ba  # the filter and bias of the outputs computed in place
+    if affine:
+        _prologue_filter(fa, k, lanes, scale, fs, sums)
+        fin, bin_ = fs, row_bias
     iy_top = oy0 * sh - pt
     x = f32_view(xa, h * w * lanes)
     if cl > 0:
-        fill_strip(x, h, w, lanes, iy_top, rows, -pl, cl, left)
+        fill_strip(x, h, w, lanes, iy_top, rows, -pl, cl, left, scale, shift)
     if cr > 0:
-        fill_strip(x, h, w, lanes, iy_top, rows, hi * sw - pl, cr, right)
+        fill_strip(x, h, w, lanes, iy_top, rows, hi * sw - pl, cr, right, scale, shift)
     rs = w * lanes
     y = f32_view(ya, oh * ow * lanes)
     for oy in range(oy0, oy1):
@@ -258,7 +310,10 @@ def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, a
             _interior(left + 4 * j * cl * lanes, cl * lanes, fa, 0, k, ba, row, lo, k, sw, lanes, ep)
         if hi > lo:
             iy0 = oy * sh - pt
-            _interior(xa + 4 * (iy0 * rs + (lo * sw - pl) * lanes), rs, fa, max(0, -iy0), min(k, h - iy0), ba,
+            ky0, ky1 = max(0, -iy0), min(k, h - iy0)
+            if affine:
+                _prologue_bias(ba, sums, k, ky0, ky1, lanes, shift, row_bias)
+            _interior(xa + 4 * (iy0 * rs + (lo * sw - pl) * lanes), rs, fin, ky0, ky1, bin_,
                       row + 4 * lo * lanes, hi - lo, k, sw, lanes, ep)
         if ow > hi:
             _interior(right + 4 * j * cr * lanes, cr * lanes, fa, 0, k, ba, row + 4 * hi * lanes, ow - hi, k, sw,
@@ -333,6 +388,8 @@ def compute_depthwise_conv(kernel, ctx):
         store_i64(args + 8 * word, value)
     store_f64(args + 8 * DG_ALPHA, np.float64(slot_f32(kernel, DA_ALPHA)))
     store_f64(args + 8 * DG_BETA, np.float64(slot_f32(kernel, DA_BETA)))
+    store_f64(args + 8 * DG_IN_SCALE, np.float64(slot_f32(kernel, DA_IN_SCALE)))
+    store_f64(args + 8 * DG_IN_SHIFT, np.float64(slot_f32(kernel, DA_IN_SHIFT)))
     # cost in elementwise-equivalent units: multiply-adds / 4
     st = run_blocks(api, ctx, kernel, args, planes * per_plane, n * c * oh * ow * k * k // 4)
     if st == 0 and load_i64(args + 8 * DG_FAILED) != 0:
@@ -365,7 +422,8 @@ def _depthwise_worker(args, block):
              load_i64(args + 8 * DG_B) + 4 * cb * lanes, load_i64(args + 8 * DG_Y) + 4 * plane * oh * ow * lanes,
              h, w, oh, ow, lanes, k, sh, sw, load_i64(args + 8 * DG_PT), pl, oy0, oy1,
              load_i64(args + 8 * DG_ACT), np.float32(load_f64(args + 8 * DG_ALPHA)),
-             np.float32(load_f64(args + 8 * DG_BETA)), buf)
+             np.float32(load_f64(args + 8 * DG_BETA)), buf, np.float32(load_f64(args + 8 * DG_IN_SCALE)),
+             np.float32(load_f64(args + 8 * DG_IN_SHIFT)))
     c_free(buf)
 
 
