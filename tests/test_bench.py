@@ -110,6 +110,27 @@ def test_measure_follows_the_schedule_and_counts():
     assert all(x == pytest.approx(1.0) for reps in raw.values() for r in reps for x in r)
 
 
+def test_measure_in_blocks_settles_wakes_then_times_a_block_per_slot(monkeypatch):
+    """block=3: per slot a settle (75 ms here) before one untimed run, then 3 timed runs with only the
+    gap before each; warm-up passes the same, untimed; a repeat's list holds runs * block latencies."""
+    calls, sleeps = [], []
+    runners = {n: (lambda n=n: calls.append(n)) for n in "AB"}
+    monkeypatch.setattr(protocol.time, "sleep", sleeps.append)
+    ticks = iter(range(0, 10**9, 1_000_000))
+    raw = protocol.measure(runners, runs=2, repeats=1, warmup=1, block=3, settle_s=0.075, gap_s=0.001,
+                           clock=lambda: next(ticks))
+    assert {n: [len(r) for r in reps] for n, reps in raw.items()} == {"A": [6], "B": [6]}
+    slots = [c for p in protocol.interleave("AB", 1) + protocol.interleave("AB", 2) for c in p]
+    assert calls == [c for c in slots for _ in range(4)]  # the woken run and the 3 timed ones
+    assert sleeps == [0.076, 0.001, 0.001, 0.001] * len(slots)
+    assert all(x == pytest.approx(1.0) for reps in raw.values() for r in reps for x in r)
+    with pytest.raises(ValueError, match="block"):
+        protocol.measure(runners, runs=1, repeats=1, block=0)
+    sleeps.clear()
+    protocol.measure(runners, runs=1, repeats=1, warmup=0, settle_s=0.075)  # single runs: no settle
+    assert sleeps == []
+
+
 def test_ratio_is_median_over_repeats_of_p50_ratios():
     base = [[1.0, 2.0, 3.0], [2.0, 2.0, 2.0], [4.0, 4.0, 5.0]]
     cfg = [[2.0, 2.0, 2.0], [3.0, 3.0, 1.0], [4.0, 6.0, 5.0]]
@@ -327,7 +348,8 @@ def test_child_command_line_reproduces_the_arguments():
     parser = argparse.ArgumentParser()
     cli_bench.add_arguments(parser)
     argv = ["m.onnx", "resnet50", "--batch", "1,64", "--runs", "7", "--configs", "ortfuse_auto,ort_enable_all"]
-    argv += ["--gap-ms", "2.5", "--json", "o.json", "--plot", "p.png", "--spinning", "on", "--progress", "off"]
+    argv += ["--gap-ms", "2.5", "--json", "o.json", "--plot", "p.png", "--spinning", "on", "--progress", "off",
+             "--block", "20", "--settle-ms", "90"]
     args = parser.parse_args(argv)
     again = parser.parse_args(cli_bench._argv(args))
     assert vars(again) == {**vars(args), "quiet_threads": False}

@@ -217,6 +217,17 @@ def test_public_section_has_one_row_per_model_a_column_per_config_and_the_packag
     assert text.count("\n| `net_") == 2
 
 
+def test_a_run_in_blocks_says_so_in_its_command_and_protocol_line(tmp_path):
+    tables = _tables()
+    doc = _synthetic_public()
+    doc["protocol"].update(block=20, settle_ms=120.0, spinning=True)
+    (tmp_path / "bench-public-x.json").write_text(json.dumps(doc))
+    text = tables.render_section("public", " files=bench-public-x.json ", tmp_path)
+    assert "--peer openvino --spinning on --block 20 --settle-ms 120 --memory off" in text
+    assert ("blocks of 20 back-to-back runs (each block after 120 ms idle and one untimed run) of every "
+            "configuration interleaved") in text and "ORT spinning on" in text
+
+
 def test_print_renders_one_file_without_touching_the_readme(tmp_path, capsys):
     tables = _tables()
     path = tmp_path / "bench-public-x.json"

@@ -115,6 +115,8 @@ def _command(doc: dict) -> str:
         parts += ["--spinning", "on"]
     if prot.get("gap_ms"):
         parts += ["--gap-ms", f"{prot['gap_ms']:g}"]
+    if prot.get("block", 1) > 1:
+        parts += ["--block", str(prot["block"]), "--settle-ms", f"{prot['settle_ms']:g}"]
     if isinstance(prot.get("intra_op_num_threads"), int) and prot["intra_op_num_threads"]:
         parts += ["--threads", str(prot["intra_op_num_threads"])]
     if prot.get("memory", "subprocess") != "subprocess":
@@ -138,6 +140,14 @@ def _when_where(doc: dict) -> tuple[str, str, str]:
         load += f", {min(after):.2f}-{max(after):.2f} after each model"
     load += f", {doc['wall_s'] / 60:.1f} minutes" if doc.get("wall_s") else ""
     return date, cores, load
+
+
+def _unit(prot: dict) -> str:
+    """What one slot of a pass timed: a single run, or a block of runs after an idle settle."""
+    if prot.get("block", 1) > 1:
+        return (f"blocks of {prot['block']} back-to-back runs (each block after {prot['settle_ms']:g} ms idle and one "
+                "untimed run)")
+    return "single runs"
 
 
 def _run_line(doc: dict, name: str) -> str:
@@ -169,7 +179,7 @@ def _run_line(doc: dict, name: str) -> str:
         f"`{_command(doc)}` ([{name}](benchmarks/results/{name})): {date}, {env['cpu_model']}, {cores}, "
         f"Python {env.get('python', '?')}, {versions}; {load}. "
         f"{prot['warmup_passes_per_repeat']} warm-up + {runs} timed passes per repeat, {prot['repeats']} repeats, "
-        f"single runs of every configuration interleaved, ORT spinning {'on' if prot.get('spinning') else 'off'}."
+        f"{_unit(prot)} of every configuration interleaved, ORT spinning {'on' if prot.get('spinning') else 'off'}."
         f"{tune_txt}"
     )
 
@@ -310,7 +320,7 @@ def _public_run_line(doc: dict, name: str) -> str:
         f"- Versions: {versions}, Python {env.get('python', '?')}.\n"
         f"- Models: {_origins(doc)}.\n"
         f"- Protocol: {prot['warmup_passes_per_repeat']} warm-up + {runs} timed passes per repeat, {prot['repeats']} "
-        f"repeats, single runs of every configuration interleaved, batch 1, intra-op threads {threads}, ORT "
+        f"repeats, {_unit(prot)} of every configuration interleaved, batch 1, intra-op threads {threads}, ORT "
         f"spinning {'on' if prot.get('spinning') else 'off'}, seeded standard-normal inputs at each model's "
         f"input shape{_told_dims(doc)}; {date}."
     )

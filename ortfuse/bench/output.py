@@ -38,6 +38,8 @@ def header(doc: dict) -> str:
         else "ORT spinning on (default) on every session"
     )
     gap = f"idle gap {prot['gap_ms']:g} ms before every run" if prot["gap_ms"] else "no idle gap"
+    if prot.get("block", 1) > 1:
+        gap += f"; each block after an idle {prot['settle_ms']:g} ms and one untimed run"
     mem = {
         "subprocess": "peak MB = RSS high-water mark growth over session creation + 3 runs, "
         "each config alone in a child process",

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,14 +37,39 @@ DEFAULT_WARMUP = 2  # untimed interleaved passes at the start of every repeat
 DEFAULT_BUDGET_S = 45.0  # with --runs unset: timed passes per (model, batch) take about this long
 MIN_AUTO_RUNS, MAX_AUTO_RUNS = 10, 1000
 DEFAULT_GAP_MS = 0.0
+# --block: ORT's pool threads spin for 30-60 ms after a run (docs/ARCHITECTURE.md §8); a settle
+# twice as long lets them stop before the next configuration's block
+DEFAULT_SETTLE_MS = 120.0
 MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
 SCHEMA = "ortfuse.bench/1"
 
 
-def _order_text(configs) -> str:
+@dataclass(frozen=True)
+class Schedule:
+    """What runs around each timed run: an idle ``gap_ms`` before every run; with ``block`` > 1, each
+    slot a block of that many timed runs after an idle ``settle_ms`` and one untimed run
+    (``protocol.measure``)."""
+
+    gap_ms: float = DEFAULT_GAP_MS
+    block: int = 1
+    settle_ms: float = DEFAULT_SETTLE_MS
+
+    def measure_kwargs(self) -> dict:
+        return {"gap_s": self.gap_ms / 1e3, "block": self.block, "settle_s": self.settle_ms / 1e3}
+
+    def pass_s(self, medians_ms: list[float]) -> float:
+        """Seconds of one pass whose configurations run ``medians_ms`` each, with ~50 us of Python
+        between runs."""
+        per_slot = self.block + (self.block > 1)
+        settle = self.settle_ms / 1e3 if self.block > 1 else 0.0
+        return sum(per_slot * (m / 1e3 + self.gap_ms / 1e3 + 50e-6) + settle for m in medians_ms)
+
+
+def _order_text(configs, block: int = 1) -> str:
     letter = {c: chr(ord("A") + i) for i, c in enumerate(configs)}
     orders = ["".join(letter[c] for c in o) for o in protocol.round_orders(configs)]
-    text = f"single runs interleaved, rounds {orders[0]} {orders[0][::-1]}"
+    unit = "single runs" if block == 1 else f"blocks of {block} runs (each after an idle settle and one untimed run)"
+    text = f"{unit} interleaved, rounds {orders[0]} {orders[0][::-1]}"
     if len(orders) > 1:
         text += (
             f", then {orders[1]} {orders[1][::-1]}, ... ({len(orders)} round orders of a Williams design: "
@@ -52,13 +78,13 @@ def _order_text(configs) -> str:
     return text
 
 
-def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s) -> dict:
+def _protocol(configs, runs, repeats, warmup, spinning, schedule: Schedule, threads, memory, budget_s) -> dict:
     return {
         "configs": list(configs),
         "baseline": BASELINE,
         "control": CONTROL if CONTROL in configs else None,
         "reference": REFERENCE,
-        "order": _order_text(configs),
+        "order": _order_text(configs, schedule.block),
         "rotate": len(configs) > 2,
         "runs": runs if runs else "auto",
         "auto_runs_budget_s": None if runs else budget_s,
@@ -68,7 +94,9 @@ def _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory,
         "p50": "median over repeats of each repeat's median latency",
         "p99": "99th percentile of all timed runs of all repeats",
         "spinning": bool(spinning),
-        "gap_ms": gap_ms,
+        "gap_ms": schedule.gap_ms,
+        "block": schedule.block,
+        "settle_ms": schedule.settle_ms if schedule.block > 1 else 0.0,
         "intra_op_num_threads": threads or "ORT default",
         "memory": memory,
         "gc": "Python garbage collection paused while timing",
@@ -87,6 +115,8 @@ def bench(
     configs: tuple[str, ...] | list[str] = DEFAULT_CONFIGS,
     spinning: bool = DEFAULT_SPINNING,
     gap_ms: float = DEFAULT_GAP_MS,
+    block: int = 1,
+    settle_ms: float = DEFAULT_SETTLE_MS,
     threads: int = 0,
     memory: str = "subprocess",
     seed: int = 0,
@@ -106,13 +136,15 @@ def bench(
     ``on_start(doc)`` is called once the environment and protocol are known (before any session),
     ``on_result(result)`` after each (model, batch): the CLI prints as the bench goes. ``suite`` names
     the suite the models come from (``--suite``) and ``skipped`` lists its models that could not be
-    fetched (``{"model", "reason"}``); both go into the result.
+    fetched (``{"model", "reason"}``); both go into the result. ``block`` > 1 times blocks of runs
+    after an idle ``settle_ms`` (``Schedule``).
     """
     configs = _check_configs(configs)
     if memory not in ("subprocess", "inprocess", "off"):
         raise BenchError(f"memory must be subprocess, inprocess or off, got {memory!r}")
-    if repeats < 1 or warmup < 0 or (runs is not None and runs < 1):
-        raise BenchError("--runs and --repeats must be >= 1 and --warmup >= 0")
+    if repeats < 1 or warmup < 0 or block < 1 or settle_ms < 0 or (runs is not None and runs < 1):
+        raise BenchError("--runs, --repeats and --block must be >= 1, --warmup and --settle-ms >= 0")
+    schedule = Schedule(gap_ms, block, settle_ms)
     if not batches or any(int(b) < 1 for b in batches):
         raise BenchError(f"batches must be positive integers, got {batches!r}")
     if not models:
@@ -125,7 +157,7 @@ def bench(
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "environment": environment(),
-        "protocol": _protocol(configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, budget_s),
+        "protocol": _protocol(configs, runs, repeats, warmup, spinning, schedule, threads, memory, budget_s),
         "suite": suite,
         "skipped": list(skipped or []),
         "results": [],
@@ -142,7 +174,7 @@ def bench(
                 repeats,
                 warmup,
                 spinning,
-                gap_ms,
+                schedule,
                 threads,
                 memory,
                 seed,
@@ -223,7 +255,8 @@ def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) ->
 
 
 def _bench_model(
-    src, batches, configs, runs, repeats, warmup, spinning, gap_ms, threads, memory, seed, budget_s, progress, tmp
+    src, batches, configs, runs, repeats, warmup, spinning, schedule: Schedule, threads, memory, seed, budget_s,
+    progress, tmp
 ):
     import psutil
 
@@ -294,12 +327,10 @@ def _bench_model(
                 }
                 cfg_rows[name]["memory"] = measure_in_subprocess(spec, os.path.join(tmp, "memory_spec.json"))
         runners = {name: _runner(sessions[name], feeds) for name in configs}
-        gap_s = gap_ms / 1e3
         chosen_runs, calibration = runs, None
         if chosen_runs is None:
-            calib = protocol.measure(runners, runs=3, repeats=1, warmup=1, gap_s=gap_s)
-            # per pass: each config's median run, its idle gap and ~50 us of Python between runs
-            pass_s = sum(statistics.median(calib[c][0]) for c in configs) / 1e3 + len(configs) * (gap_s + 50e-6)
+            calib = protocol.measure(runners, runs=3, repeats=1, warmup=1, **schedule.measure_kwargs())
+            pass_s = schedule.pass_s([statistics.median(calib[c][0]) for c in configs])
             chosen_runs = int(min(MAX_AUTO_RUNS, max(MIN_AUTO_RUNS, round(budget_s / (repeats * pass_s)))))
             whole = 2 * len(configs)  # whole Williams cycles: slots and neighbours balanced
             chosen_runs = -(-chosen_runs // whole) * whole
@@ -312,8 +343,8 @@ def _bench_model(
                 runs=chosen_runs,
                 repeats=repeats,
                 warmup=warmup,
-                gap_s=gap_s,
                 on_pass=bar.update if bar else None,
+                **schedule.measure_kwargs(),
             )
         finally:
             if bar:

@@ -26,10 +26,14 @@ single runs interleaved in the rounds of a Williams design, warm-up first, the w
 repeated, each ratio the median over repeats of p50(config) / p50(ort_enable_all), printed beside the
 A/A control ratio of the same run. ORT's idle pool threads spin and take a core from whichever session
 runs next, so every session is created with spinning off unless ``--spinning on``; ``--gap-ms`` adds
-an idle gap before every run, for all sessions alike. OpenMP and OpenBLAS threads (behind ortfuse's
-kernels) are told not to spin either, by re-running the bench in a child process with
-``QUIET_THREADS_ENV`` (``--quiet-threads off`` does not). To see what these choices change on a
-machine, run with ``--spinning on`` or ``--quiet-threads off`` and compare the A/A control. Peak
+an idle gap before every run, for all sessions alike. With spinning off, every parallel op wakes the
+pool, which costs a graph of many small ops (stock ORT's) more than one of few: ``--block 20
+--spinning on`` times blocks of 20 back-to-back runs instead, each after an idle settle that lets the
+previous session's threads stop spinning, which is how ORT runs by default in a serving loop.
+OpenMP and OpenBLAS threads (behind ortfuse's kernels) are told not to spin either, by re-running the
+bench in a child process with ``QUIET_THREADS_ENV`` (``--quiet-threads off`` does not). To see what
+these choices change on a machine, run with ``--spinning on`` or ``--quiet-threads off`` and compare
+the A/A control. Peak
 memory is measured per configuration in a child process (``ortfuse.bench.memory``).
 """
 
@@ -44,7 +48,14 @@ from ortfuse.bench.inputs import SUITES, BenchError, ModelUnavailable, npz_batch
 from ortfuse.bench.output import header, result_path, table, write_json
 from ortfuse.bench.peers import PEERS
 from ortfuse.bench.peers import available as peer_available
-from ortfuse.bench.run import DEFAULT_BUDGET_S, DEFAULT_GAP_MS, DEFAULT_REPEATS, DEFAULT_WARMUP, bench
+from ortfuse.bench.run import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_GAP_MS,
+    DEFAULT_REPEATS,
+    DEFAULT_SETTLE_MS,
+    DEFAULT_WARMUP,
+    bench,
+)
 from ortfuse.bench.sessions import CONFIGS, DEFAULT_CONFIGS, DEFAULT_SPINNING, RENAMED_CONFIGS
 from ortfuse.cli.common import add_input_arguments
 
@@ -147,6 +158,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="idle sleep before every single run, for all configs (default 0)",
     )
     parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time blocks of N runs of each config instead of single runs, each block after an idle settle "
+        "and one untimed run: with --spinning on, ORT as it runs by default (default 1: single runs)",
+    )
+    parser.add_argument(
+        "--settle-ms",
+        type=float,
+        default=DEFAULT_SETTLE_MS,
+        metavar="MS",
+        help=f"with --block: idle sleep before every block (default {DEFAULT_SETTLE_MS:g}: ORT's pool threads "
+        "stop spinning)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -201,6 +228,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
         "on" if args.spinning else "off",
         "--gap-ms",
         repr(args.gap_ms),
+        "--block",
+        str(args.block),
+        "--settle-ms",
+        repr(args.settle_ms),
         "--threads",
         str(args.threads),
     ]
@@ -298,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
             configs=configs,
             spinning=args.spinning,
             gap_ms=args.gap_ms,
+            block=args.block,
+            settle_ms=args.settle_ms,
             threads=args.threads,
             memory=args.memory,
             seed=args.seed,

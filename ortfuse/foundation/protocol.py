@@ -19,6 +19,15 @@ how far on the machine at hand). What this module does instead:
   whose ratio to the baseline is the noise floor of that very run.
 
 ``measure`` takes plain callables, so the protocol is the same whatever runs inside them.
+
+With ``block`` > 1 each slot of a pass is a block instead of a single run: an idle ``settle_s``, one
+untimed run, then ``block`` timed runs back to back. That measures sessions with ORT's default
+thread spinning, as users run them: the settle lets the previous configuration's pool threads stop
+spinning (they spin for tens of milliseconds after a run and would take a core from the next
+session), the untimed run wakes this one's, and the timed runs find them as a serving loop does.
+Single runs with spinning off instead pay a wake-up of the pool on every parallel op, which costs a
+graph of many small ops more than one of few (``ortfuse bench --block 20 --spinning on`` beside the
+default shows the difference on the machine at hand).
 """
 
 from __future__ import annotations
@@ -96,6 +105,8 @@ def measure(
     on_pass: Callable[[], None] | None = None,
     clock: Callable[[], int] = time.perf_counter_ns,
     time_run: Callable[[Callable[[], object]], float] | None = None,
+    block: int = 1,
+    settle_s: float = 0.0,
 ) -> dict[str, list[list[float]]]:
     """Time single calls of each runner with the interleaved protocol; return milliseconds.
 
@@ -106,10 +117,13 @@ def measure(
     ``rotate``: see ``interleave``.
     ``on_pass`` is called after every pass (progress bars). ``time_run(fn) -> ms`` times one timed
     run instead of ``clock`` around ``fn()`` (live tuning: a timing no served run overlapped).
+    ``block``, ``settle_s``: each slot a block (module docstring; ``settle_s`` is used only with
+    ``block`` > 1); a repeat's list then holds ``runs * block`` latencies, a block's runs in a row.
     """
-    if repeats < 1 or runs < 1:
-        raise ValueError(f"runs and repeats must be >= 1, got runs={runs}, repeats={repeats}")
+    if repeats < 1 or runs < 1 or block < 1:
+        raise ValueError(f"runs, repeats and block must be >= 1, got runs={runs}, repeats={repeats}, block={block}")
     names = list(runners)
+    settle = settle_s if block > 1 else 0.0
     out: dict[str, list[list[float]]] = {name: [] for name in names}
     gc_was_enabled = gc.isenabled()
     gc.collect()
@@ -118,24 +132,27 @@ def measure(
         for _ in range(repeats):
             for order in interleave(names, warmup, rotate):
                 for name in order:
-                    if gap_s:
-                        time.sleep(gap_s)
-                    runners[name]()
+                    for i in range(block + (block > 1)):
+                        _settle(settle if i == 0 else 0.0, gap_s)
+                        runners[name]()
                 if on_pass:
                     on_pass()
             lat: dict[str, list[float]] = {name: [] for name in names}
             for order in interleave(names, runs, rotate):
                 for name in order:
-                    if gap_s:
-                        time.sleep(gap_s)
                     fn = runners[name]
-                    if time_run is not None:
-                        lat[name].append(time_run(fn))
-                        continue
-                    t0 = clock()
-                    fn()
-                    t1 = clock()
-                    lat[name].append((t1 - t0) / 1e6)
+                    if block > 1:
+                        _settle(settle, gap_s)
+                        fn()  # wakes the session's pool threads: not timed
+                    for _run in range(block):
+                        _settle(0.0, gap_s)
+                        if time_run is not None:
+                            lat[name].append(time_run(fn))
+                            continue
+                        t0 = clock()
+                        fn()
+                        t1 = clock()
+                        lat[name].append((t1 - t0) / 1e6)
                 if on_pass:
                     on_pass()
             for name in names:
@@ -145,6 +162,11 @@ def measure(
         if gc_was_enabled:
             gc.enable()
     return out
+
+
+def _settle(settle_s: float, gap_s: float) -> None:
+    if settle_s or gap_s:
+        time.sleep(settle_s + gap_s)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
