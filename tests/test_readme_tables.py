@@ -241,8 +241,12 @@ def test_readme_sections_equal_their_rendering_from_benchmarks_results():
     tables = _tables()
     readme = (ROOT / "README.md").read_text()
     sections = list(tables.SECTION.finditer(readme))
-    # the public-model suite's table first, then the generated zoo's
-    assert [m.group("kind") for m in sections] == ["public", "bench"]
+    # the public-model suite's tables first (ORT's default spinning in blocks, then single runs with
+    # spinning off), then the generated zoo's
+    assert [m.group("kind") for m in sections] == ["public", "public", "bench"]
+    protocols = [json.loads((tables.RESULTS / tables._files(m.group("args"))[0]).read_text())["protocol"]
+                 for m in sections[:2]]
+    assert [(p.get("block", 1) > 1, p["spinning"]) for p in protocols] == [(True, True), (False, False)]
     for m in sections:
         for name in tables._files(m.group("args")):
             assert (tables.RESULTS / name).is_file(), name
