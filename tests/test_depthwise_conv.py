@@ -315,6 +315,29 @@ def test_which_chains_are_affine(program, operands, expected):
     assert depthwise._affine_chain(node, inits) is None
 
 
+def test_the_prologue_probe_times_the_same_math_both_ways():
+    """The timing probe of a conv with a prologue: ORT's form holds the affine chain before ORT's
+    blocked conv, the native form the op with in_scale/in_shift; both give the same outputs."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    from ortfuse.foundation.session_options import measuring_options
+    from ortfuse.kernel_choice.op_registration import with_custom_ops
+
+    block = block_size()
+    shape = depthwise.Shape(2 * block, 9, 13, 3, (1, 1), (1, 1, 1, 1), "hard_swish", 1 / 6, 0.5, 0.7, -0.4)
+    stock, native = depthwise.pair_models(shape, block)
+    assert [n.op_type for n in onnx.load_from_string(stock).graph.node] == [
+        "ReorderInput", depthwise.PROBE_CHAIN, "Conv", "ReorderOutput"]
+    x = np.random.default_rng(4).standard_normal((1, shape.c, shape.h, shape.w)).astype(np.float32)
+    level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    outs = []
+    for model, ops in ((stock, {depthwise.PROBE_CHAIN}), (native, {OP})):
+        so, why_not = with_custom_ops(measuring_options(level), frozenset(ops), python_ops=False)
+        assert not why_not, why_not
+        outs.append(onnxruntime.InferenceSession(model, so).run(None, {"x": x})[0])
+    assert _close(outs[1], outs[0]) <= TOL
+
+
 def test_the_decision_is_measured_and_kept_per_shape(monkeypatch):
     """measure mode times both forms once per shape (cached in the process); off never replaces;
     a decider saying no keeps ORT's conv and counts it."""
