@@ -23,10 +23,11 @@ ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K
 ``depthwise_ref.pack_filter``): the node reads the same initializer.
 
 Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads, epilogue,
-prologue) as for ``winograd``: both timed in a one-conv model between reorders (the chain before
-ORT's conv where there is a prologue) (``op_timing.native_faster``) at the
-session's thread count, the native form taken only when it beats ``winograd.MARGIN``
-times ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
+prologue) as for ``winograd``: both timed in a one-conv model between reorders, the chain before
+ORT's conv where there is a prologue (``op_timing.native_faster``), at the session's thread count,
+the native form taken only when it beats ``winograd.MARGIN`` times ORT's in every repeat (results
+kept per machine, ``layout.choice_cache``). A conv whose prologue form is not faster is timed again
+without it (the chain then stays a node of its own).
 ``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
 native convolutions (``ORTFUSE_WINOGRAD``, default measure). A conv whose input dims are unknown is
 left to ORT.
@@ -39,7 +40,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -221,18 +222,15 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
         if fold is not None:
             act, alpha, beta, out = "quick_gelu", float(attr(fold, "alpha", QUICK_GELU_ALPHA)), 0.0, fold.output[0]
         x = node.input[0]
-        chain = g.producer.get(x) if g.only_consumer(x) is node else None
-        affine = _affine_chain(chain, inits)
         dims = hw.get(x)
         c = int(inits[node.input[1]].dims[0])
         shape = Shape(c, dims[0], dims[1], k, (strides[0], strides[1]), (pads[0], pads[1], pads[2], pads[3]), act,
                       alpha, beta) if dims else None
-        if shape is not None and affine is not None and chain is not None and not g.edited(chain):
-            with_prologue = Shape(**{**shape.__dict__, "in_scale": affine[0], "in_shift": affine[1]})
-            if decide(with_prologue):
-                shape, x = with_prologue, chain.input[0]
-            else:
-                chain = None
+        chain = g.producer.get(x) if shape is not None and g.only_consumer(x) is node else None
+        affine = _affine_chain(chain, inits) if chain is not None and not g.edited(chain) else None
+        if shape is not None and chain is not None and affine is not None \
+                and decide(with_prologue := replace(shape, in_scale=affine[0], in_shift=affine[1])):
+            shape, x = with_prologue, chain.input[0]
         else:
             chain = None
         if shape is None or (chain is None and not decide(shape)):
