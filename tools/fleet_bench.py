@@ -246,13 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     result["environment"]["load_avg_after"] = os.getloadavg()
     if args.json:
-        date = datetime.date.today().isoformat()
-        folder = Path(args.json)
-        target = folder / f"fleet_bench-{'+'.join(names)}-{date}.json"
-        n = 2
-        while target.exists():
-            target, n = folder / f"fleet_bench-{'+'.join(names)}-{date}-{n}.json", n + 1
-        target.write_text(json.dumps(result, indent=1) + "\n")
+        from ortfuse.bench.output import result_file
+
+        target = result_file(args.json, f"fleet_bench-{'+'.join(names)}-{datetime.date.today().isoformat()}")
+        Path(target).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {target}")
     return 0
 

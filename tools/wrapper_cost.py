@@ -142,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ortfuse's run over ORT's run on the same auto session: {wrapper['ratio']:.4f} "
           f"[IQR {wrapper['ratio_iqr'][0]:.4f}-{wrapper['ratio_iqr'][1]:.4f}]")
     if args.json:
-        day = datetime.date.today().isoformat()
-        out = Path(args.json) / f"wrapper_cost-{day}.json"
-        out.write_text(json.dumps(result, indent=1))
+        from ortfuse.bench.output import result_file
+
+        out = result_file(args.json, f"wrapper_cost-{datetime.date.today().isoformat()}")  # -2, -3 when taken
+        Path(out).write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
     return 0
 
