@@ -13,10 +13,12 @@ Models: zoo names (``all``: the zoo), the public models (``public``: real traine
 FFN whose run takes about 0.1 ms: the wrapper's cost per run shows on it).
 
 One process per model and pass (``--child``), CPU provider, ORT_ENABLE_ALL, ORT's pool threads not
-spinning (docs/ARCHITECTURE.md §8), a new empty ``ORTFUSE_CACHE_DIR`` (nothing known: the auto
-session starts on stock ORT, ``ORTFUSE_TUNE`` unset = background). The machine's ops library is
-named with ``ORTFUSE_OPS_LIBRARY`` and numba's cache is the usual one, so the empty cache hides
-neither (as on a machine where ortfuse is installed and ran before).
+spinning (docs/ARCHITECTURE.md §8; ``--spinning on``: spinning, ORT's default, for every session the
+bench serves and times, so the served session's threads spin in the gaps the tuning runs in), a new
+empty ``ORTFUSE_CACHE_DIR`` (nothing known: the auto session starts on stock ORT, ``ORTFUSE_TUNE``
+unset = background). The machine's ops library is named with ``ORTFUSE_OPS_LIBRARY`` and numba's
+cache is the usual one, so the empty cache hides neither (as on a machine where ortfuse is installed
+and ran before).
 
 Served traffic: single requests, one at a time, each arriving an idle gap after the previous one
 ended, as an online service that is not saturated sees them. A request's latency runs from its
@@ -174,7 +176,7 @@ def child(name: str, args) -> dict:
     cpu = ["CPUExecutionProvider"]
 
     def options():
-        return measuring_options("ORT_ENABLE_ALL", threads=args.threads)
+        return measuring_options("ORT_ENABLE_ALL", threads=args.threads, spinning=args.spinning == "on")
 
     def timed(session, feed) -> float:
         start = time.perf_counter()
@@ -409,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="db_text_detector",
                     help="comma-separated zoo or public model names, 'all' (the zoo), 'public'")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session (0: ORT's default)")
+    ap.add_argument("--spinning", choices=("on", "off"), default="off",
+                    help="ORT's pool threads spinning in every session the bench serves and times (default off)")
     ap.add_argument("--gap", default="2x", help="idle gap after each served request: '50ms', or '2x' stock's p50")
     ap.add_argument("--served", type=int, default=30, help="served requests before wait_tuned is called")
     ap.add_argument("--after-served", type=int, default=10, help="requests served after the tuning ended")
