@@ -42,7 +42,8 @@ Phases:
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
-   ``--runs`` passes, no gap): stock, the A/A stock session, the tuned auto session and a
+   ``--runs`` passes, no gap; with ``--spinning on`` each slot a block of 20 runs after an idle 120
+   ms and one untimed run, as ``ortfuse bench --block``): stock, the A/A stock session, the tuned auto session and a
    ``fusion=True`` session and a second ``fusion=True`` session (the fused A/A control: the same plan
    in another session); each ratio is the median over repeats of p50 / stock p50.
 
@@ -91,6 +92,7 @@ MAX_RESULT_BYTES = 2 << 20  # the repository's limit per file: a larger result f
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
 P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
 DURING = ("recording", "tuning")  # auto's states before its final plan
+SPIN_BLOCK = 20  # --spinning on: runs per block of the interleaved phase (after ortfuse bench's settle)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -261,7 +263,13 @@ def child(name: str, args) -> dict:
     def runner(session):
         return lambda: session.run(None, feeds[0])
 
-    raw = protocol.measure({k: runner(s) for k, s in sessions.items()}, runs=args.runs, repeats=args.repeats, warmup=2)
+    # with spinning, one session's threads spin into the next one's run: blocks after a settle instead
+    # (ortfuse bench --block; docs/ARCHITECTURE.md §8)
+    from ortfuse.bench.run import DEFAULT_SETTLE_MS
+
+    blocks = {"block": SPIN_BLOCK, "settle_s": DEFAULT_SETTLE_MS / 1e3} if args.spinning == "on" else {}
+    raw = protocol.measure({k: runner(s) for k, s in sessions.items()}, runs=args.runs, repeats=args.repeats, warmup=2,
+                           **blocks)
     ratios = {k: protocol.ratio_per_repeat(v, raw["stock"]) for k, v in raw.items() if k != "stock"}
     med = {k: statistics.median(v) for k, v in ratios.items()}
     noise = max(max(abs(x - 1) for x in ratios["stock_aa"]), 0.0)
