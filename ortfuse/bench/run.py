@@ -38,7 +38,8 @@ DEFAULT_BUDGET_S = 45.0  # with --runs unset: timed passes per (model, batch) ta
 MIN_AUTO_RUNS, MAX_AUTO_RUNS = 10, 1000
 DEFAULT_GAP_MS = 0.0
 # --block: ORT's pool threads spin for 30-60 ms after a run (docs/ARCHITECTURE.md §8); a settle
-# twice as long lets them stop before the next configuration's block
+# twice as long lets them stop before the next configuration's block (the A/A control of
+# `ortfuse bench MODEL --block 20 --spinning on` shows whether it does on the machine at hand)
 DEFAULT_SETTLE_MS = 120.0
 MEMORY_RUNS = 3  # runs of the session in the memory child after creating it
 SCHEMA = "ortfuse.bench/1"
