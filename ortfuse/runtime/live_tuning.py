@@ -298,6 +298,7 @@ class LiveTuning:
                 prepared = self._tune(gate)
                 self._mark("plan prepared")
                 new = self._build_and_check(prepared)
+                self._work_check()  # the gate checks every CHECK_EVERY calls: the last stretch too
             finally:
                 sys.setprofile(None)
             status = self._swap(prepared, new)
@@ -369,7 +370,7 @@ class LiveTuning:
         calls, stop when the session is gone or the work exceeds ``HARD_STOP`` budgets. Kept to a
         few operations per call: it runs on every Python and C call of the thread."""
         clock, tick = time.perf_counter, [CHECK_EVERY]
-        limit, wall = HARD_STOP * self._budget, WALL_STOP * self._budget
+        wall = WALL_STOP * self._budget
         served = self.served
 
         def gate(frame, event, arg) -> None:
@@ -387,12 +388,17 @@ class LiveTuning:
             tick[0] = CHECK_EVERY
             if self._stop or self._session() is None:
                 raise _Stopped("the session was closed")
-            since = self._compile_since
-            if since is None and clock() - self._t0 - self._paused > limit:
-                raise _Stopped(f"it worked {limit:g} s ({HARD_STOP:g} times ortfuse.tune_budget_s)")
+            self._work_check()
             self._starved_check()
 
         return gate
+
+    def _work_check(self) -> None:
+        """Stop once the tuning's own work (time not paused for served runs or spent in a compiling
+        process) exceeds ``HARD_STOP`` budgets."""
+        limit = HARD_STOP * self._budget
+        if self._compile_since is None and time.perf_counter() - self._t0 - self._paused > limit:
+            raise _Stopped(f"it worked {limit:g} s ({HARD_STOP:g} times ortfuse.tune_budget_s)")
 
     def _tune(self, gate):
         """The plan tuned on the recorded feeds (its ``plan`` None: stock ORT): measured in a process
