@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ortfuse.foundation.session_options import DEFAULT_SPINNING, DIMS_KEY, TUNE_KEY, measuring_options
+from ortfuse.ir.model_args import format_dims
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ def make_session(config: str | Config, model, *, spinning: bool = DEFAULT_SPINNI
     so = measuring_options(cfg.level, threads=threads, spinning=spinning)
     providers = ["CPUExecutionProvider"]
     if not cfg.stock and cfg.fusion is not False:
-        named = [f"{k}={int(v)}" for k, v in (dims or {}).items() if k != "batch"]
-        so.add_session_config_entry(DIMS_KEY, ",".join([f"batch={int(batch)}", *named]))
+        named = {k: v for k, v in (dims or {}).items() if k != "batch"}
+        so.add_session_config_entry(DIMS_KEY, format_dims({"batch": batch, **named}))
     if cfg.fusion == "auto":  # tuned at creation, so that the timed runs are those of the tuned plan
         so.add_session_config_entry(TUNE_KEY, "sync")
     if cfg.stock:

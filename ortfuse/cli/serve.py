@@ -158,9 +158,9 @@ def _checked(args) -> tuple[str, object, dict]:
             raise ValueError("--runtime-env-json must be a JSON object (Ray's runtime_env)")
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(path))[0])
     store = os.path.abspath(args.plan_store) if args.plan_store else None
-    from ortfuse.ir.model_args import parse_dims
+    from ortfuse.ir.model_args import format_dims, parse_dims
 
-    dims = ",".join(f"{k}={v}" for k, v in parse_dims(args.dim).items())  # ModelArgError is a ValueError
+    dims = format_dims(parse_dims(args.dim))  # ModelArgError is a ValueError
     return path, signature, {"actor": actor, "name": name, "plan_store": store, "dims": dims}
 
 

@@ -3,6 +3,7 @@ each error (a zoo model name is resolved by ``ortfuse.models.resolve``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,3 +38,9 @@ def parse_dims(items: list[str] | str | None) -> dict[str, int]:
                                     "(for example batch=64)")
             out[name.strip()] = int(value)
     return out
+
+
+def format_dims(dims: Mapping[str, int]) -> str:
+    """``{"batch": 4, "seq": 16}`` -> ``"batch=4,seq=16"``: what ``parse_dims`` reads back (the
+    ``ortfuse.tune_dims`` entry's value)."""
+    return ",".join(f"{name}={int(size)}" for name, size in dims.items())

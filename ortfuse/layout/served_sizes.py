@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 from ortfuse.foundation.session_options import DIMS_KEY, config_entry
+from ortfuse.ir.model_args import format_dims
 
 _local = threading.local()
 
@@ -52,4 +53,4 @@ def dims_of(declared: Sequence[tuple[str, int, list]], shapes: Mapping[str, Sequ
             label = dim if dim else "batch" if axis == 0 else None
             if label and label == label.strip() and "=" not in label and "," not in label:
                 sizes_by_name.setdefault(label, set()).add(int(size))
-    return ",".join(f"{k}={v.pop()}" for k, v in sizes_by_name.items() if len(v) == 1)
+    return format_dims({k: v.pop() for k, v in sizes_by_name.items() if len(v) == 1})

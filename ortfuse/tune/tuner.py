@@ -35,7 +35,7 @@ from ortfuse.foundation.messages import one_sentence
 from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, TUNE_ENV, config_entry, tune_mode
 from ortfuse.fusion.catalogue import validate_patterns
 from ortfuse.ir import feeds, metadata
-from ortfuse.ir.model_args import parse_dims
+from ortfuse.ir.model_args import format_dims, parse_dims
 from ortfuse.kernel_choice import ranking, registry
 from ortfuse.layout import served_sizes
 from ortfuse.tune import lookup, steps
@@ -94,7 +94,7 @@ def tune(model: onnx.ModelProto, patterns: Iterable[str] | None = None, sess_opt
         planned = feeds.sample_shapes(declared, batch, named)  # the feeds are made at these shapes
         shapes = planned.shapes
         if dims and not config_entry(sess_options, DIMS_KEY):  # sizes named by the caller (--dim) are served
-            served = ",".join(f"{k}={int(v)}" for k, v in dims.items())
+            served = format_dims(dims)
     note = planned.note if planned is not None else ""
     key = _cache_key(model, ids, level, threads, shapes, precision)
     path = _cache_path(key)
