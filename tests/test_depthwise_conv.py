@@ -308,8 +308,9 @@ def test_which_chains_are_affine(program, operands, expected):
 
     steps = [{"op": op, **({"args": args} if args else {})} for op, args in program]
     inits = {f"k{i}": numpy_helper.from_array(np.array([v], np.float32), f"k{i}") for i, v in enumerate(operands)}
+    program = json.dumps(steps)
     node = helper.make_node("FusedEltwiseChain2", ["x", "k0", "k1"], ["y"], domain=depthwise.DOMAIN,
-                            program=json.dumps(steps))
+                            program=program, **depthwise.chain_attrs({"program": program}))
     assert depthwise._affine_chain(node, inits) == expected
     inits["k0"] = numpy_helper.from_array(np.ones(4, np.float32), "k0")  # a per-channel operand: not a scalar
     assert depthwise._affine_chain(node, inits) is None

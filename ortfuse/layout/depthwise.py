@@ -48,6 +48,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.kernels.depthwise_ref import pack_filter
+from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import chain_steps
 from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import node_attrs as chain_attrs
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
@@ -165,28 +166,21 @@ def _affine_chain(node: onnx.NodeProto | None, inits: dict) -> tuple[float, floa
         return None
     if not node.op_type[len(CHAIN_PREFIX):].isdigit():  # not the blocked chain's per-channel operands
         return None
-    try:
-        steps = json.loads(attr(node, "program", b"").decode())
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(steps, list) or not steps or not all(isinstance(step, dict) for step in steps):
+    steps = chain_steps(list(attr(node, "chain_ops", [])), list(attr(node, "chain_args", [])), list(node.input))
+    if not steps:
         return None
     scale, shift = 1.0, 0.0
     for step in steps:
-        refs = step.get("args")
-        if step.get("op") not in _AFFINE_STEPS or not isinstance(refs, list) or len(refs) != 2 \
-                or refs.count("x") != 1 or (step["op"] == "Sub" and refs[0] != "x"):
+        if step.op not in _AFFINE_STEPS or (step.op == "Sub" and not step.x_first):
             return None
-        other = refs[1] if refs[0] == "x" else refs[0]
-        k = int(other[1:]) if other[:1] == "c" and other[1:].isdigit() else -1
-        t = inits.get(node.input[1 + k]) if 0 <= k < len(node.input) - 1 else None
+        t = inits.get(step.operand)
         if t is None or t.data_type != onnx.TensorProto.FLOAT or int(np.prod(t.dims)) != 1:
             return None
         c = float(numpy_helper.to_array(t).reshape(-1)[0])
-        if step["op"] == "Mul":
+        if step.op == "Mul":
             scale, shift = scale * c, shift * c
         else:
-            shift += c if step["op"] == "Add" else -c
+            shift += c if step.op == "Add" else -c
     scale, shift = float(np.float32(scale)), float(np.float32(shift))
     return (scale, shift) if np.isfinite([scale, shift]).all() else None
 

@@ -38,6 +38,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortfuse.custom_ops.kernels.squeeze_excite import block_1x1, unblock_1x1
+from ortfuse.custom_ops.native.ops.eltwise_chain.encoding import chain_steps
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
@@ -51,7 +52,6 @@ SCALE, CHAIN = "FusedChannelScaleBlocked", "FusedEltwiseChainBlocked"
 ENV = "ORTFUSE_SE_BLOCK"
 MARGIN = 0.9  # the native form must take below this share of ORT's time
 _ACTS = {None: "", b"Relu": "relu", b"HardSwish": "hardswish", b"Sigmoid": "sigmoid"}
-_MUL, _ADD = 18, 16  # chain op codes (eltwise_chain.encoding.CHAIN_OPS)
 
 
 @dataclass(frozen=True)
@@ -136,21 +136,21 @@ def _scale_form(node, x: str, s: str, block: int, hw: dict, inits: dict) -> tupl
         return (False, "") if list(node.input) == [x, s] and attr(node, "block") == block else None
     if not (node.domain == DOMAIN and node.op_type.startswith(CHAIN) and node.op_type[len(CHAIN):].isdigit()):
         return None
-    ops, args = list(attr(node, "chain_ops", [])), list(attr(node, "chain_args", []))
-    if attr(node, "block") != block or not ops or len(ops) != len(args) or node.input[0] != x:
+    steps = chain_steps(list(attr(node, "chain_ops", [])), list(attr(node, "chain_args", [])), list(node.input))
+    if attr(node, "block") != block or steps is None or node.input[0] != x:
         return None
-    operands = [node.input[1 + (a >> 1)] if 0 <= 1 + (a >> 1) < len(node.input) else "" for a in args]
-    if ops[0] != _MUL or operands[0] != s:
+    if steps[0].op != "Mul" or steps[0].operand != s:
         return None
     residual, addend, k = False, "", 1
-    if k < len(ops) and ops[k] == _ADD and operands[k] == x:
+    if k < len(steps) and steps[k].op == "Add" and steps[k].operand == x:
         residual, k = True, k + 1
-    if k < len(ops) and ops[k] == _ADD and operands[k] not in (x, s, "") and operands[k] not in inits:
-        a = operands[k]
+    if k < len(steps) and steps[k].op == "Add" and steps[k].operand not in (x, s, "") \
+            and steps[k].operand not in inits:
+        a = steps[k].operand
         if hw.get(a) is None or hw.get(a) != hw.get(x) or hw.get(x) == (1, 1):
             return None
         addend, k = a, k + 1
-    return (residual, addend) if k == len(ops) else None
+    return (residual, addend) if k == len(steps) else None
 
 
 def _match(gap, g: GraphEdit, hw: dict, block: int, sizes: dict) -> _Match | None:

@@ -6,6 +6,8 @@ of the kernel state, and ``node_attrs``, which the rewriter calls to make ``chai
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ortfuse.custom_ops.native.op_def import AttrDef
 from ortfuse.custom_ops.reference import ELTWISE_OPS
@@ -59,3 +61,32 @@ def node_attrs(attrs: dict) -> dict:
         names = _PARAMS.get(op, (None, None))
         params.extend(float(step[name]) if name else 0.0 for name in names)
     return {"chain_ops": ops, "chain_args": args, "chain_params": params}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an encoded chain: its op (a ``CHAIN_OPS`` name), the node input its operand is
+    ("" for a unary step) and whether x is the op's first argument."""
+
+    op: str
+    operand: str
+    x_first: bool
+
+
+def chain_steps(ops: Sequence[int], args: Sequence[int], inputs: Sequence[str]) -> list[Step] | None:
+    """The steps ``chain_ops`` / ``chain_args`` (``node_attrs``' encoding) give a chain node whose
+    inputs are ``inputs`` (X, then the operands); None when they are not a program of it."""
+    if not ops or len(ops) != len(args):
+        return None
+    steps = []
+    for code, arg in zip(ops, args):
+        if not 0 <= code < N_OPS:
+            return None
+        if code < N_UNARY:
+            steps.append(Step(CHAIN_OPS[code], "", True))
+            continue
+        k = 1 + (arg >> 1)
+        if arg < 0 or k >= len(inputs):
+            return None
+        steps.append(Step(CHAIN_OPS[code], inputs[k], not arg & 1))
+    return steps
