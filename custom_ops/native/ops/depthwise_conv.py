@@ -75,11 +75,12 @@ ATTRS = (AttrDef("block", "int", DA_BLOCK), AttrDef("strides", "ints", DA_STRIDE
          AttrDef("beta", "float", DA_BETA, required=False, default=0.0),
          AttrDef("in_scale", "float", DA_IN_SCALE, required=False, default=1.0),
          AttrDef("in_shift", "float", DA_IN_SHIFT, required=False, default=0.0))
-ROWS = 8  # outputs per register-blocked call, K 3 stride 1
-ROWS_WIDE = 4  # K 5 or stride 2
+ROWS = 8  # outputs per register-blocked call with 8 lanes (16 vector registers), K 3 stride 1
+ROWS_WIDE = 4  # with 8 lanes, K 5 or stride 2
+ROWS_512 = 12  # with 16 lanes (32 vector registers), any K and stride
 MIN_CALLS = 4  # fewer register-blocked calls per row in place: the whole row from a padded strip
 SCRATCH_FLOATS = 32 * 1024  # strips of input rows per block: 128 KB, within a core's L2
-TARGET_BLOCKS = 64  # blocks of rows wanted per run (load balance on the pool), rows permitting
+TARGET_BLOCKS = 16  # blocks of rows wanted per run (enough to balance a few threads), rows permitting
 # args block (int64 words)
 (DG_X, DG_F, DG_B, DG_Y, DG_C, DG_H, DG_W, DG_OH, DG_OW, DG_LANES, DG_K, DG_SH, DG_SW, DG_PT, DG_PL, DG_ACT,
  DG_ALPHA, DG_BETA, DG_RB, DG_PER_PLANE, DG_PR, DG_FAILED, DG_IN_SCALE, DG_IN_SHIFT) = range(24)
@@ -94,15 +95,17 @@ _T_GEOMETRY = cstr("strides must be [sh >= 1, sw 1 or 2], pads 4 values below K,
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def rows_per_call(k, sw):
-    """Outputs per register-blocked call: ROWS at K 3 stride 1, else ROWS_WIDE (their input columns,
-    (R - 1) * S + K, and the R accumulators must fit the vector registers)."""
+def rows_per_call(k, sw, lanes):
+    """Outputs per register-blocked call: the R accumulators and the K filter vectors stay in vector
+    registers while the input columns stream through them as operands (16 with AVX2, 32 with AVX-512)."""
+    if lanes == 16:
+        return ROWS_512
     return ROWS if k == 3 and sw == 1 else ROWS_WIDE
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _call(s, rs, fa, ky0, ky1, ba, d, ep, r, k, sw, lanes):
-    """``dw_row`` for r outputs: r is rows_per_call(k, sw) or 1."""
+    """``dw_row`` for r outputs: r is rows_per_call(k, sw, lanes) or 1."""
     if r == 1:
         if lanes == 8:
             if k == 3:
@@ -125,13 +128,13 @@ def _call(s, rs, fa, ky0, ky1, ba, d, ep, r, k, sw, lanes):
             dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 2, 8)
     elif k == 3:
         if sw == 1:
-            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS, 3, 1, 16)
+            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_512, 3, 1, 16)
         else:
-            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 3, 2, 16)
+            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_512, 3, 2, 16)
     elif sw == 1:
-        dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 1, 16)
+        dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_512, 5, 1, 16)
     else:
-        dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 2, 16)
+        dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_512, 5, 2, 16)
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -139,7 +142,7 @@ def _interior(src, rs, fa, ky0, ky1, ba, dst, n, k, sw, lanes, ep):
     """n outputs of one row whose taps are all inside the row at src (row stride rs floats): R at a
     time (R = rows_per_call), the last R again overlapping the ones done (the same values are
     written twice), one by one when n < R; the epilogue words at ep."""
-    r = rows_per_call(k, sw)
+    r = rows_per_call(k, sw, lanes)
     step = sw * lanes * 4
     if n < r:
         for done in range(n):
@@ -153,31 +156,33 @@ def _interior(src, rs, fa, ky0, ky1, ba, dst, n, k, sw, lanes, ep):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def fill_strip(x, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
-    """Columns c0 .. c0 + cols of the input rows iy0 .. iy0 + rows of a plane x [H, W, lanes], each
-    value v as scale * v + shift, into ``buf`` [rows, cols, lanes]; columns and rows outside the
-    image are zero (the padding)."""
-    b = f32_view(buf, rows * cols * lanes)
+def fill_strip(xa, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
+    """Columns c0 .. c0 + cols of the input rows iy0 .. iy0 + rows of the plane at xa [H, W, lanes],
+    each value v as scale * v + shift, into ``buf`` [rows, cols, lanes]; columns and rows outside the
+    image are zero (the padding). Each row is copied through views that start at its first value, so
+    every index counts up from zero and the copy compiles to plain vector loads and stores."""
     lo = min(max(0, -c0), cols)  # the strip's columns inside the image: lo .. hi
     hi = max(lo, min(cols, w - c0))
+    inside = (hi - lo) * lanes
     for j in range(rows):
         iy = iy0 + j
-        at = j * cols * lanes
+        b = f32_view(buf + 4 * j * cols * lanes, cols * lanes)
         if 0 <= iy < h:
-            src = (iy * w + c0) * lanes
+            x = f32_view(xa + 4 * (iy * w + c0 + lo) * lanes, inside)
+            out = f32_view(buf + 4 * (j * cols + lo) * lanes, inside)
             for i in range(lo * lanes):
-                b[at + i] = ZERO
+                b[i] = ZERO
             if scale == ONE and shift == ZERO:
-                for i in range(lo * lanes, hi * lanes):
-                    b[at + i] = x[src + i]
+                for i in range(inside):
+                    out[i] = x[i]
             else:
-                for i in range(lo * lanes, hi * lanes):
-                    b[at + i] = scale * x[src + i] + shift
+                for i in range(inside):
+                    out[i] = scale * x[i] + shift
             for i in range(hi * lanes, cols * lanes):
-                b[at + i] = ZERO
+                b[i] = ZERO
         else:
             for i in range(cols * lanes):
-                b[at + i] = ZERO
+                b[i] = ZERO
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -212,7 +217,7 @@ def epilogue_words(ep, act, alpha, beta):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def split_columns(w, ow, k, sw, pl):
+def split_columns(w, ow, k, sw, pl, lanes):
     """(lo, hi): outputs lo .. hi read only columns inside the image and are computed in place;
     those left of lo and right of hi from zero-padded strips. At stride 1, when the outputs in place
     would take fewer than ``MIN_CALLS`` register-blocked calls, lo = hi = ow: one strip holds every
@@ -220,7 +225,7 @@ def split_columns(w, ow, k, sw, pl):
     at stride 2 the copy is twice as large per output and the borders half as wide)."""
     lo = min(ow, (pl + sw - 1) // sw)
     hi = max(lo, min(ow, (w - k + pl) // sw + 1))
-    if sw == 1 and hi - lo < MIN_CALLS * rows_per_call(k, sw):
+    if sw == 1 and hi - lo < MIN_CALLS * rows_per_call(k, sw, lanes):
         return ow, ow
     return lo, hi
 
@@ -235,7 +240,7 @@ def scratch_floats(rb, sh, k, w, ow, sw, pl, lanes):
     """Floats of one block's scratch (``dw_plane``) for rb output rows: the epilogue words, the
     prologue's filter, bias and tap row sums (K*K + K + 1 vectors), then the strips of the input rows
     they read."""
-    lo, hi = split_columns(w, ow, k, sw, pl)
+    lo, hi = split_columns(w, ow, k, sw, pl, lanes)
     cols = _strip_cols(0, lo, k, sw) + _strip_cols(hi, ow, k, sw)
     return ((rb - 1) * sh + k) * cols * lanes + 8 + (k * k + k + 1) * lanes
 
@@ -280,7 +285,7 @@ def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, a
     below skipped); the others read zero-padded strips of X' on the block's input rows, copied once."""
     ep = buf
     epilogue_words(ep, act, alpha, beta)
-    lo, hi = split_columns(w, ow, k, sw, pl)
+    lo, hi = split_columns(w, ow, k, sw, pl, lanes)
     cl = _strip_cols(0, lo, k, sw)
     cr = _strip_cols(hi, ow, k, sw)
     rows = (oy1 - oy0 - 1) * sh + k
@@ -295,11 +300,10 @@ def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, a
         _prologue_filter(fa, k, lanes, scale, fs, sums)
         fin, bin_ = fs, row_bias
     iy_top = oy0 * sh - pt
-    x = f32_view(xa, h * w * lanes)
     if cl > 0:
-        fill_strip(x, h, w, lanes, iy_top, rows, -pl, cl, left, scale, shift)
+        fill_strip(xa, h, w, lanes, iy_top, rows, -pl, cl, left, scale, shift)
     if cr > 0:
-        fill_strip(x, h, w, lanes, iy_top, rows, hi * sw - pl, cr, right, scale, shift)
+        fill_strip(xa, h, w, lanes, iy_top, rows, hi * sw - pl, cr, right, scale, shift)
     rs = w * lanes
     y = f32_view(ya, oh * ow * lanes)
     for oy in range(oy0, oy1):
@@ -375,7 +379,7 @@ def compute_depthwise_conv(kernel, ctx):
     planes = n * (c // lanes)
     per_plane = max(1, min(oh, (TARGET_BLOCKS + planes - 1) // planes))
     rb = (oh + per_plane - 1) // per_plane
-    lo, hi = split_columns(w, ow, k, sw, pl)
+    lo, hi = split_columns(w, ow, k, sw, pl, lanes)
     cols = _strip_cols(0, lo, k, sw) + _strip_cols(hi, ow, k, sw)
     if cols > 0:
         rb = max(1, min(rb, (SCRATCH_FLOATS // (cols * lanes) - k) // sh + 1))
