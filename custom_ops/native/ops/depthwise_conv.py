@@ -247,18 +247,20 @@ def scratch_floats(rb, sh, k, w, ow, sw, pl, lanes):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _prologue_filter(fa, k, lanes, scale, fs, sums):
-    """fs = scale * the filter at fa [K, K, lanes]; sums[ky] = the sum of its row ky's taps (unscaled)."""
+    """fs = scale * the filter at fa [K, K, lanes]; sums[ky] = the sum of its row ky's taps (unscaled).
+    Every loop indexes a view from zero (vector code, as ``fill_strip``)."""
     f = f32_view(fa, k * k * lanes)
     scaled = f32_view(fs, k * k * lanes)
-    rsum = f32_view(sums, k * lanes)
+    for i in range(k * k * lanes):
+        scaled[i] = scale * f[i]
     for ky in range(k):
+        rsum = f32_view(sums + 4 * ky * lanes, lanes)
         for lane in range(lanes):
-            total = ZERO
-            for kx in range(k):
-                v = f[(ky * k + kx) * lanes + lane]
-                scaled[(ky * k + kx) * lanes + lane] = scale * v
-                total += v
-            rsum[ky * lanes + lane] = total
+            rsum[lane] = ZERO
+        for kx in range(k):
+            tap = f32_view(fa + 4 * (ky * k + kx) * lanes, lanes)
+            for lane in range(lanes):
+                rsum[lane] += tap[lane]
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -266,13 +268,15 @@ def _prologue_bias(ba, sums, k, ky0, ky1, lanes, shift, out):
     """out = bias + shift * (sum of the taps on rows ky0 .. ky1): the bias of an output whose taps on
     those rows are inside the image, X' = scale * X + shift there."""
     b = f32_view(ba, lanes)
-    rsum = f32_view(sums, k * lanes)
     o = f32_view(out, lanes)
     for lane in range(lanes):
-        total = ZERO
-        for ky in range(ky0, ky1):
-            total += rsum[ky * lanes + lane]
-        o[lane] = b[lane] + shift * total
+        o[lane] = ZERO
+    for ky in range(ky0, ky1):
+        rsum = f32_view(sums + 4 * ky * lanes, lanes)
+        for lane in range(lanes):
+            o[lane] += rsum[lane]
+    for lane in range(lanes):
+        o[lane] = b[lane] + shift * o[lane]
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
