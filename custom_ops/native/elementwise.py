@@ -42,6 +42,18 @@ def f32_view(addr, n):
     return carray(int_to_voidptr(addr), (n,), np.float32)
 
 
+@njit(nogil=True, cache=True)
+def copy_f32(src, dst, n):
+    """The n float32 values at address src to address dst, through views indexed from zero (vector
+    loads and stores, where an index at a signed offset compiles to gathers and scatters); inlined
+    into its callers, which copy a few vectors at a time."""
+    always_inline()
+    x = f32_view(src, n)
+    y = f32_view(dst, n)
+    for i in range(n):
+        y[i] = x[i]
+
+
 @njit(cache=True)
 def u16_view(addr, n):
     """The n float16 values at ``addr`` as an array of their bits (uint16)."""

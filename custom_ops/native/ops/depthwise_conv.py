@@ -52,7 +52,7 @@ from ortfuse.custom_ops.intrinsics import (
 )
 from ortfuse.custom_ops.kernels.depthwise import dw_row
 from ortfuse.custom_ops.kernels.scalar import ONE, ZERO
-from ortfuse.custom_ops.native.elementwise import f32_view
+from ortfuse.custom_ops.native.elementwise import copy_f32, f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32, slot_i64
@@ -159,8 +159,8 @@ def _interior(src, rs, fa, ky0, ky1, ba, dst, n, k, sw, lanes, ep):
 def fill_strip(xa, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
     """Columns c0 .. c0 + cols of the input rows iy0 .. iy0 + rows of the plane at xa [H, W, lanes],
     each value v as scale * v + shift, into ``buf`` [rows, cols, lanes]; columns and rows outside the
-    image are zero (the padding). Each row is copied through views that start at its first value, so
-    every index counts up from zero and the copy compiles to plain vector loads and stores."""
+    image are zero (the padding). Each row is copied through views that start at its first value
+    (``copy_f32``): vector loads and stores."""
     lo = min(max(0, -c0), cols)  # the strip's columns inside the image: lo .. hi
     hi = max(lo, min(cols, w - c0))
     inside = (hi - lo) * lanes
@@ -168,21 +168,19 @@ def fill_strip(xa, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
         iy = iy0 + j
         b = f32_view(buf + 4 * j * cols * lanes, cols * lanes)
         if 0 <= iy < h:
-            x = f32_view(xa + 4 * (iy * w + c0 + lo) * lanes, inside)
-            out = f32_view(buf + 4 * (j * cols + lo) * lanes, inside)
-            for i in range(lo * lanes):
-                b[i] = ZERO
+            src = xa + 4 * (iy * w + c0 + lo) * lanes
+            dst = buf + 4 * (j * cols + lo) * lanes
+            b[:lo * lanes] = ZERO
             if scale == ONE and shift == ZERO:
-                for i in range(inside):
-                    out[i] = x[i]
+                copy_f32(src, dst, inside)
             else:
+                x = f32_view(src, inside)
+                out = f32_view(dst, inside)
                 for i in range(inside):
                     out[i] = scale * x[i] + shift
-            for i in range(hi * lanes, cols * lanes):
-                b[i] = ZERO
+            b[hi * lanes:] = ZERO
         else:
-            for i in range(cols * lanes):
-                b[i] = ZERO
+            b[:] = ZERO
 
 
 @njit(nogil=True, error_model="numpy", cache=True)

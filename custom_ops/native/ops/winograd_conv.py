@@ -31,7 +31,7 @@ from ortfuse.custom_ops.intrinsics import c_free, c_malloc, load_f64, load_i64, 
 from ortfuse.custom_ops.kernels.conv_filters import ALPHA, POSITIONS, TILE
 from ortfuse.custom_ops.kernels.scalar import relu1
 from ortfuse.custom_ops.kernels.winograd import input_tile, micro_gemm, output_tile
-from ortfuse.custom_ops.native.elementwise import f32_view
+from ortfuse.custom_ops.native.elementwise import copy_f32, f32_view
 from ortfuse.custom_ops.native.inputs import check_input_count, fail, make_output, read_float_input
 from ortfuse.custom_ops.native.op_def import AttrDef, NativeOpDef
 from ortfuse.custom_ops.native.slots import slot_api, slot_f32, slot_i64
@@ -128,10 +128,6 @@ def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, a
     va = scratch
     ma = va + 4 * POSITIONS * vs
     da = ma + 4 * POSITIONS * ms
-    d = f32_view(da, POSITIONS * lanes)
-    x = f32_view(xa, cin * h * wd)
-    y = f32_view(ya, cout * h * wd)
-    v = f32_view(va, POSITIONS * vs)
     rs = wd * lanes
     for cb in range(cin // lanes):
         c0 = cb * lanes
@@ -151,18 +147,18 @@ def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, a
                     yy = y0 + i
                     for j in range(ALPHA):
                         xx = x0 + j
-                        inside = 0 <= yy < h and 0 <= xx < wd
-                        at = plane + yy * rs + xx * lanes
-                        for k in range(lanes):
-                            d[(i * ALPHA + j) * lanes + k] = x[at + k] if inside else np.float32(0.0)
+                        cell = da + 4 * (i * ALPHA + j) * lanes
+                        if 0 <= yy < h and 0 <= xx < wd:
+                            copy_f32(xa + 4 * (plane + yy * rs + xx * lanes), cell, lanes)
+                        else:
+                            f32_view(cell, lanes)[:] = np.float32(0.0)
                 if lanes == 8:
                     input_tile(da, ALPHA * lanes, lanes, dst, vs, 8)
                 else:
                     input_tile(da, ALPHA * lanes, lanes, dst, vs, 16)
         for t in range(nt, ntp):  # rows the micro-kernel reads past the last tile
             for p in range(POSITIONS):
-                for k in range(lanes):
-                    v[p * vs + t * cin + c0 + k] = np.float32(0.0)
+                f32_view(va + 4 * (p * vs + t * cin + c0), lanes)[:] = np.float32(0.0)
     for p in range(POSITIONS):
         _gemm(va + 4 * p * vs, cin, ua + 4 * (p * cin * cout + co0), cout, ma + 4 * (p * ms + co0), cout, co1 - co0,
               ntp, lanes)
@@ -185,23 +181,20 @@ def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, a
                     output_tile(src, ms, bias, da, TILE * lanes, lanes, 8)
                 else:
                     output_tile(src, ms, bias, da, TILE * lanes, lanes, 16)
-                for i in range(TILE):
-                    yy = oy0 + i
-                    for j in range(TILE):
-                        xx = ox0 + j
-                        if yy < h and xx < wd:
-                            at = plane + yy * rs + xx * lanes
-                            for k in range(lanes):
-                                y[at + k] = d[(i * TILE + j) * lanes + k]
+                for i in range(min(TILE, h - oy0)):
+                    for j in range(min(TILE, wd - ox0)):
+                        copy_f32(da + 4 * (i * TILE + j) * lanes,
+                                 ya + 4 * (plane + (oy0 + i) * rs + (ox0 + j) * lanes), lanes)
             if act != ACT_NONE or ra != 0:  # the tile's rows while they are in cache
-                r = f32_view(ra, cout * h * wd)
                 for i in range(min(TILE, h - oy0)):
                     at = plane + (oy0 + i) * rs + ox0 * lanes
                     span = min(TILE, wd - ox0) * lanes
-                    _epilogue(y[at:at + span], act, alpha)
+                    row = f32_view(ya + 4 * at, span)
+                    _epilogue(row, act, alpha)
                     if ra != 0:
-                        for j in range(at, at + span):
-                            y[j] += r[j]
+                        res = f32_view(ra + 4 * at, span)
+                        for j in range(span):
+                            row[j] += res[j]
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
