@@ -105,7 +105,7 @@ def rows_per_call(k, sw, lanes):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def _call(s, rs, fa, ky0, ky1, ba, d, ep, r, k, sw, lanes):
-    """``dw_row`` for r outputs: r is rows_per_call(k, sw, lanes) or 1."""
+    """``dw_row`` for r outputs: r is rows_per_call(k, sw, lanes), 1, or ROWS_WIDE with 16 lanes."""
     if r == 1:
         if lanes == 8:
             if k == 3:
@@ -126,6 +126,16 @@ def _call(s, rs, fa, ky0, ky1, ba, d, ep, r, k, sw, lanes):
             dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 1, 8)
         else:
             dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 2, 8)
+    elif r == ROWS_WIDE:
+        if k == 3:
+            if sw == 1:
+                dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 3, 1, 16)
+            else:
+                dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 3, 2, 16)
+        elif sw == 1:
+            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 1, 16)
+        else:
+            dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_WIDE, 5, 2, 16)
     elif k == 3:
         if sw == 1:
             dw_row(s, rs, fa, ky0, ky1, ba, d, ep, ROWS_512, 3, 1, 16)
@@ -140,19 +150,26 @@ def _call(s, rs, fa, ky0, ky1, ba, d, ep, r, k, sw, lanes):
 @njit(nogil=True, error_model="numpy", cache=True)
 def _interior(src, rs, fa, ky0, ky1, ba, dst, n, k, sw, lanes, ep):
     """n outputs of one row whose taps are all inside the row at src (row stride rs floats): R at a
-    time (R = rows_per_call), the last R again overlapping the ones done (the same values are
-    written twice), one by one when n < R; the epilogue words at ep."""
+    time (R = rows_per_call), then the rest: with 16 lanes ROWS_WIDE at a time, else one call of R;
+    the last call overlapping the ones done (the same values are written twice); one by one when n
+    is below the smallest call; the epilogue words at ep."""
     r = rows_per_call(k, sw, lanes)
+    tail = ROWS_WIDE if lanes == 16 else r  # the 16-lane kernels also have a ROWS_WIDE form
     step = sw * lanes * 4
-    if n < r:
-        for done in range(n):
-            _call(src + done * step, rs, fa, ky0, ky1, ba, dst + done * lanes * 4, ep, 1, k, sw, lanes)
-        return
     done = 0
-    while done < n:
-        done = min(done, n - r)
+    while n - done >= r:
         _call(src + done * step, rs, fa, ky0, ky1, ba, dst + done * lanes * 4, ep, r, k, sw, lanes)
         done += r
+    if done == n:
+        return
+    if n < tail:
+        for i in range(n):
+            _call(src + i * step, rs, fa, ky0, ky1, ba, dst + i * lanes * 4, ep, 1, k, sw, lanes)
+        return
+    while done < n:
+        done = min(done, n - tail)
+        _call(src + done * step, rs, fa, ky0, ky1, ba, dst + done * lanes * 4, ep, tail, k, sw, lanes)
+        done += tail
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
