@@ -106,6 +106,23 @@ def test_the_affine_prologue_pads_with_zeros_of_its_output(k, strides, pads, n, 
         assert _close(y, wrong) > 100 * TOL
 
 
+@pytest.mark.parametrize("act, alpha, beta", [("", None, None), ("hard_swish", 1 / 6, 0.5), ("clip", -1.0, 2.0),
+                                             ("quick_gelu", 1.0, None), ("sigmoid", None, None)])
+@pytest.mark.parametrize("out_scale, out_shift", [(0.75, 0.3), (1.0, -2.5), (-1.5, 0.0)])
+def test_the_output_map_follows_every_epilogue(act, alpha, beta, out_scale, out_shift):
+    """out_scale * act(conv) + out_shift: applied in registers after a clamp-family epilogue and in
+    the row pass after an exp one, on the outputs in place and at the borders, both blocks, with the
+    prologue too."""
+    for k, strides, pads, n, h, w in CASES[::3]:
+        x, f, b = _data(n, 16, h, w, k, seed=h * w + k)
+        for block in (8, 16):
+            y = _run(block, x, f, b, strides, pads, act, alpha, beta, out_scale=out_scale, out_shift=out_shift,
+                     in_scale=0.5, in_shift=0.25)
+            ref = depthwise_reference(x, f, b, strides, pads, act, 1.0 if alpha is None else alpha,
+                                      0.0 if beta is None else beta, 0.5, 0.25, out_scale, out_shift)
+            assert _close(y, ref) <= TOL, (k, strides, pads, n, h, w, block)
+
+
 def test_nan_and_inf_propagate_through_the_epilogue():
     """A NaN input gives NaN outputs where it is read (relu and hard_swish keep it), an inf input
     gives inf through hard_swish's multiplication and 0 through relu of -inf."""
@@ -294,6 +311,59 @@ def test_an_affine_chain_before_a_depthwise_conv_becomes_its_prologue(tmp_path, 
     assert ("affine chain before it as its prologue" in note) != second_reader, note
     for got, ref in zip(sess.run(None, {"x": x}), refs):
         assert _close(got, ref) <= TOL
+
+
+def _output_map_model(consumer: str, c: int = 32, size: int = 20) -> onnx.ModelProto:
+    """Conv 1x1 + HardSwish -> depthwise 3x3 (pads 1) + HardSwish -> x * a + b (scalars) -> a
+    squeeze-excite block (``consumer`` "se": GlobalAveragePool, two 1x1 convs, HardSigmoid, the scale,
+    which ORT runs unblocked: the chain follows a ReorderOutput) or a padded 3x3 conv ("conv": the
+    chain stays blocked) -> Conv 1x1."""
+    w = fan_in_weights(12)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
+             helper.make_node("Conv", ["h", "w1", "b1"], ["c1"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h1"]),
+             helper.make_node("Mul", ["h1", "scale"], ["m"]), helper.make_node("Add", ["m", "shift"], ["t"])]
+    inits = [w("w0", c, 16, 1, 1), w("b0", c), w("w1", c, 1, 3, 3), w("b1", c), w("w4", 8, c, 1, 1)]
+    if consumer == "se":
+        nodes += [helper.make_node("GlobalAveragePool", ["t"], ["p"]),
+                  helper.make_node("Conv", ["p", "w2", "b2"], ["q"]), helper.make_node("Relu", ["q"], ["r"]),
+                  helper.make_node("Conv", ["r", "w3", "b3"], ["u"]),
+                  helper.make_node("HardSigmoid", ["u"], ["g"]), helper.make_node("Mul", ["t", "g"], ["e"])]
+        inits += [w("w2", c // 4, c, 1, 1), w("b2", c // 4), w("w3", c, c // 4, 1, 1), w("b3", c)]
+    else:
+        nodes.append(helper.make_node("Conv", ["t", "w2", "b2"], ["e"], pads=[1, 1, 1, 1]))
+        inits += [w("w2", c, c, 3, 3), w("b2", c)]
+    nodes.append(helper.make_node("Conv", ["e", "w4"], ["y"]))
+    affine = [numpy_helper.from_array(np.array([v], np.float32), n) for n, v in (("scale", 1.3), ("shift", -0.2))]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, size, size])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, size, size])
+    graph = helper.make_graph(nodes, "g", [x], [y], inits + affine)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("consumer", ["se", "conv"])
+def test_an_affine_chain_after_a_depthwise_conv_becomes_its_output_map(tmp_path, monkeypatch, consumer):
+    """ORTFUSE_DEPTHWISE=on: the scalar Mul + Add after the depthwise conv's HardSwish runs inside it,
+    whether it followed the region's ReorderOutput (a squeeze-excite block after it) or stayed on
+    blocks (a padded conv after it); no chain is left in the plan; outputs as stock ORT_DISABLE_ALL."""
+    if block_size() not in (8, 16):
+        pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
+    monkeypatch.setenv(depthwise.ENV, "on")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    model = _output_map_model(consumer)
+    x = np.random.default_rng(4).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    note = str(sess.fusion_report)
+    assert "1 of 1 depthwise conv(s) native" in note, note
+    assert "1 with the affine chain after it as its output map" in note, note
+    plans = list((tmp_path / "plans").glob("*.onnx"))  # the plan the session runs, kept in the cache
+    assert len(plans) == 1, plans
+    ops = [n.op_type for n in onnx.load(str(plans[0])).graph.node]
+    assert depthwise.OP in ops and not [op for op in ops if op.startswith(depthwise.CHAIN_PREFIX)], ops
+    assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
 
 
 @pytest.mark.parametrize("program, operands, expected", [

@@ -36,8 +36,9 @@ def dw_row(typingctx, src, rs, filt, ky0, ky1, bias, dst, ep, outs, ksize, strid
     """dst[r] = epi(bias + sum over ky in [ky0, ky1), kx < K of filt[ky*K + kx] * src[ky*rs + (r*S + kx)*W])
     for r < R (dst[r] at dst + r*W): R = ``outs``, K = ``ksize``, S = ``stride``, W = ``width``,
     all constants; filt holds K*K vectors of W lanes, bias one. ``ep`` points at the epilogue's
-    five float32 words (a, b, lo, hi, g): t = min(max(a*v + b, lo), hi) (a NaN passes both),
-    epi(v) = v*t if g != 0 else t; (1, 0, -inf, inf, 0) is the identity."""
+    eight float32 words (a, b, lo, hi, g, c, d, f): t = min(max(a*v + b, lo), hi) (a NaN passes both),
+    e = v*t if g != 0 else t, epi(v) = c*e + d if f != 0 else e; (1, 0, -inf, inf, 0, 1, 0, 0) is the
+    identity."""
     r_n, k_n, s_n, w = (_literal(outs, "outs"), _literal(ksize, "ksize"), _literal(stride, "stride"),
                         _literal(width, "width"))
     sig = types.void(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
@@ -78,6 +79,8 @@ def dw_row(typingctx, src, rs, filt, ky0, ky1, bias, dst, ep, outs, ksize, strid
 
         ea, eb, lo, hi = (word(i) for i in range(4))
         mult = builder.fcmp_unordered("une", builder.load(_at(builder, epp, _k(4))), ir.Constant(_F32, 0.0))
+        ec, ed = word(5), word(6)
+        mapped = builder.fcmp_unordered("une", builder.load(_at(builder, epp, _k(7))), ir.Constant(_F32, 0.0))
         for r in range(r_n):
             parts = [builder.load(a) for a in accs[r]]
             v = parts[0]
@@ -87,6 +90,7 @@ def dw_row(typingctx, src, rs, filt, ky0, ky1, bias, dst, ep, outs, ksize, strid
             t = builder.select(builder.fcmp_unordered("ult", lo, t), t, lo)  # max: lo unless t > lo or NaN
             t = builder.select(builder.fcmp_unordered("ugt", hi, t), t, hi)  # min: hi unless t < hi or NaN
             out = builder.select(mult, builder.fmul(v, t), t)
+            out = builder.select(mapped, builder.call(fma, [ec, out, ed]), out)
             builder.store(out, builder.bitcast(_at(builder, dp, _k(r * w)), vp), align=4)
         return context.get_dummy_value()
 

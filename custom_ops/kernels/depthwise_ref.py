@@ -45,9 +45,10 @@ def epilogue_reference(v: np.ndarray, act: str, alpha: float = 1.0, beta: float 
 
 def depthwise_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, strides=(1, 1), pads=(0, 0, 0, 0),
                         act: str = "", alpha: float = 1.0, beta: float = 0.0, in_scale: float = 1.0,
-                        in_shift: float = 0.0) -> np.ndarray:
+                        in_shift: float = 0.0, out_scale: float = 1.0, out_shift: float = 0.0) -> np.ndarray:
     """Depthwise convolution in float64 of in_scale * x + in_shift: x [N, C, H, W], w [C, 1, K, K],
-    b [C], strides [sh, sw], pads [top, left, bottom, right] (zeros), then the epilogue."""
+    b [C], strides [sh, sw], pads [top, left, bottom, right] (zeros), then the epilogue, then
+    out_scale * y + out_shift."""
     n, c, h, wd = x.shape
     k = w.shape[-1]
     sh, sw = strides
@@ -60,4 +61,4 @@ def depthwise_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, strides=(1,
         for kx in range(k):
             tap = w[:, 0, ky, kx].astype(np.float64)[None, :, None, None]
             y += tap * xp[:, :, ky:ky + sh * (oh - 1) + 1:sh, kx:kx + sw * (ow - 1) + 1:sw]
-    return epilogue_reference(y, act, alpha, beta)
+    return out_scale * epilogue_reference(y, act, alpha, beta) + out_shift

@@ -19,6 +19,13 @@ it is of the chain's output):
     # FusedEltwiseChain(Xb; x * a + b) -> Ab -> Conv_nchwc(Ab, Fb, B; ...) -> Yb
     #   ->   FusedDepthwiseConvBlocked(Xb, Fb, B; ..., in_scale=a, in_shift=b) -> Yb
 
+Such a chain that alone reads its output, directly or through the ReorderOutput that ends the
+region (PP-LCNetV3's affine after the depthwise conv's activation, before a squeeze-excite block that
+runs unblocked), becomes the op's output map, one multiply-add on the outputs in registers:
+
+    # Conv_nchwc(Xb, Fb, B; ...) -> Yb [-> ReorderOutput -> Y] -> FusedEltwiseChain(x * c + d) -> Z
+    #   ->   FusedDepthwiseConvBlocked(Xb, Fb, B; ..., out_scale=c, out_shift=d) -> Zb [-> ReorderOutput -> Z]
+
 ORT's blocked depthwise filter is already in the kernel's layout (memory [C/b, K, K, b],
 ``depthwise_ref.pack_filter``): the node reads the same initializer.
 
@@ -26,8 +33,9 @@ Which form runs is decided per machine and conv shape (C, H, W, K, strides, pads
 prologue) as for ``winograd``: both timed in a one-conv model between reorders, the chain before
 ORT's conv where there is a prologue (``op_timing.native_faster``), at the session's thread count,
 the native form taken only when it beats ``winograd.MARGIN`` times ORT's in every repeat (results
-kept per machine, ``layout.choice_cache``). A conv whose prologue form is not faster is timed again
-without it (the chain then stays a node of its own).
+kept per machine, ``layout.choice_cache``). A conv whose form with both folds is not faster is timed
+again with the prologue alone, then the output map alone, then neither (a chain not folded stays a
+node of its own).
 ``ORTFUSE_DEPTHWISE`` = off (never) | on (always, no timing) | measure; unset, the mode of the other
 native convolutions (``ORTFUSE_WINOGRAD``, default measure). A conv whose input dims are unknown is
 left to ORT.
@@ -83,17 +91,24 @@ class Shape:
     beta: float = 0.0
     in_scale: float = 1.0  # the prologue: X' = in_scale * X + in_shift
     in_shift: float = 0.0
+    out_scale: float = 1.0  # the output map: out_scale * act(...) + out_shift
+    out_shift: float = 0.0
 
     @property
     def prologue(self) -> bool:
         return (self.in_scale, self.in_shift) != (1.0, 0.0)
+
+    @property
+    def output_map(self) -> bool:
+        return (self.out_scale, self.out_shift) != (1.0, 0.0)
 
 
 @dataclass
 class DepthwiseResult:
     replaced: collections.Counter = field(default_factory=collections.Counter)  # epilogue -> count
     kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
-    prologues: int = 0  # affine chains folded into the native ones
+    prologues: int = 0  # affine chains folded into the native ones before them
+    output_maps: int = 0  # and after them
 
     def summary(self) -> str:
         if not self.replaced and not self.kept:
@@ -101,6 +116,7 @@ class DepthwiseResult:
         parts = ", ".join(f"{n} with {act or 'no epilogue'}" for act, n in sorted(self.replaced.items()))
         done = sum(self.replaced.values())
         folded = f", {self.prologues} with the affine chain before it as its prologue" if self.prologues else ""
+        folded += f", {self.output_maps} with the affine chain after it as its output map" if self.output_maps else ""
         return (f"{done} of {done + self.kept} depthwise conv(s) native ({OP}{': ' + parts if parts else ''}"
                 f"{folded}), {self.kept} left to ORT's (not faster here, or dims unknown)")
 
@@ -185,6 +201,18 @@ def _affine_chain(node: onnx.NodeProto | None, inits: dict) -> tuple[float, floa
     return (scale, shift) if np.isfinite([scale, shift]).all() else None
 
 
+def _affine_after(g: GraphEdit, out: str, inits: dict) -> tuple[onnx.NodeProto, onnx.NodeProto | None,
+                                                                  tuple[float, float]] | None:
+    """(chain, reorder, (c, d)): the affine chain that alone reads ``out``, directly or through the
+    ReorderOutput that alone reads it, else None."""
+    reorder = g.child(out, "ReorderOutput", NCHWC)
+    chain = g.only_consumer(reorder.output[0] if reorder is not None else out)
+    if chain is None or g.edited(chain) or (reorder is not None and g.edited(reorder)):
+        return None
+    affine = _affine_chain(chain, inits)
+    return (chain, reorder, affine) if affine is not None else None
+
+
 def may_replace(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
     """Whether ``node`` (in the fused model, before ORT optimizes it) is a Conv that may become a
     candidate: a depthwise [C, 1, K, K] filter initializer with K 3 or 5, group C, and the mode is not
@@ -221,34 +249,64 @@ def run_depthwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block:
         shape = Shape(c, dims[0], dims[1], k, (strides[0], strides[1]), (pads[0], pads[1], pads[2], pads[3]), act,
                       alpha, beta) if dims else None
         chain = g.producer.get(x) if shape is not None and g.only_consumer(x) is node else None
-        affine = _affine_chain(chain, inits) if chain is not None and not g.edited(chain) else None
-        if shape is not None and chain is not None and affine is not None \
-                and decide(with_prologue := replace(shape, in_scale=affine[0], in_shift=affine[1])):
-            shape, x = with_prologue, chain.input[0]
-        else:
-            chain = None
-        if shape is None or (chain is None and not decide(shape)):
+        before = _affine_chain(chain, inits) if chain is not None and not g.edited(chain) else None
+        after = _affine_after(g, out, inits) if shape is not None else None
+        shape, chain, after = _choose_folds(shape, chain, before, after, decide)
+        if shape is None:
             result.kept += 1
             continue
+        if chain is not None:
+            x = chain.input[0]
         base = node.name or node.output[0]
         if len(node.input) > 2 and node.input[2]:
             bias = node.input[2]
         else:
             bias = f"{base}/depthwise_bias"
             new_inits.append(numpy_helper.from_array(np.zeros(c, np.float32), bias))
+        mapped, reorder = (after[0], after[1]) if after is not None else (None, None)
+        if mapped is not None and reorder is None:
+            out = mapped.output[0]
         new = helper.make_node(OP, [x, node.input[1], bias], [out], name=f"{base}/depthwise",
                                domain=DOMAIN, **_node_attrs(shape, block))
         new.doc_string = f"ortfuse layout: {base} as a native depthwise conv on NCHWc blocks"
-        replaced_nodes.record(new, [n for n in (chain, node, fold) if n is not None])
+        replaced_nodes.record(new, [n for n in (chain, node, fold, mapped) if n is not None])
         g.replace(node, new)
-        for gone in (chain, fold):
+        for gone in (chain, fold, mapped):
             if gone is not None:
                 g.drop(gone)
+        if mapped is not None and reorder is not None:  # the reorder now writes what the chain wrote
+            moved = onnx.NodeProto()
+            moved.CopyFrom(reorder)
+            moved.output[0] = mapped.output[0]
+            g.replace(reorder, moved)
         result.replaced[act] += 1
         result.prologues += chain is not None
+        result.output_maps += mapped is not None
     g.add_initializer(*new_inits)
     g.commit()
     return result
+
+
+def _choose_folds(shape: Shape | None, chain: onnx.NodeProto | None, before: tuple[float, float] | None,
+                  after: tuple | None, decide: Callable[[Shape], bool]):
+    """(shape, chain folded before, (chain, reorder, map) folded after) of the first form ``decide``
+    takes, among: both folds, the prologue alone, the output map alone, neither (each only where its
+    chain is affine); (None, None, None) when ORT keeps the conv."""
+    if shape is None:
+        return None, None, None
+    forms = []
+    for pro in ([True, False] if before is not None else [False]):
+        for epi in ([True, False] if after is not None else [False]):
+            form = shape
+            if pro and before is not None:
+                form = replace(form, in_scale=before[0], in_shift=before[1])
+            if epi and after is not None:
+                form = replace(form, out_scale=after[2][0], out_shift=after[2][1])
+            forms.append((form, chain if pro else None, after if epi else None))
+    for form, folded_before, folded_after in forms:
+        if decide(form):
+            return form, folded_before, folded_after
+    return None, None, None
 
 
 def _node_attrs(s: Shape, block: int) -> dict[str, Any]:
@@ -257,6 +315,8 @@ def _node_attrs(s: Shape, block: int) -> dict[str, Any]:
         attrs.update(activation=s.act, alpha=s.alpha, beta=s.beta)
     if s.prologue:
         attrs.update(in_scale=s.in_scale, in_shift=s.in_shift)
+    if s.output_map:
+        attrs.update(out_scale=s.out_scale, out_shift=s.out_shift)
     return attrs
 
 
@@ -273,7 +333,8 @@ def _ort_conv_attrs(s: Shape) -> dict[str, Any]:
 
 def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
     """One depthwise conv between reorders, as ORT's blocked Conv (+QuickGelu; after the affine
-    chain ``x * in_scale + in_shift`` where ``s`` has a prologue) and as the native op."""
+    chain ``x * in_scale + in_shift`` where ``s`` has a prologue, before ``x * out_scale + out_shift``
+    where it has an output map) and as the native op."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((s.c, 1, s.k, s.k)) / s.k).astype(np.float32)
     oh = (s.h + s.pads[0] + s.pads[2] - s.k) // s.strides[0] + 1
@@ -286,16 +347,23 @@ def pair_models(s: Shape, block: int) -> tuple[bytes, bytes]:
     last = helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=s.c)
     stock = [first, helper.make_node("Conv", ["xb", "wb", "b"], ["yb"], domain=NCHWC, **_ort_conv_attrs(s))]
     affine: list[onnx.TensorProto] = []
+    program = json.dumps([{"op": "Mul", "args": ["x", "c0"]}, {"op": "Add", "args": ["x", "c1"]}])
+
+    def probe_chain(x: str, y: str, scale: float, shift: float, prefix: str) -> onnx.NodeProto:
+        affine.extend(numpy_helper.from_array(np.array([v], np.float32), f"{prefix}_{n}")
+                      for n, v in (("scale", scale), ("shift", shift)))
+        return helper.make_node(PROBE_CHAIN, [x, f"{prefix}_scale", f"{prefix}_shift"], [y], domain=DOMAIN,
+                                program=program, **chain_attrs({"program": program}))
+
     if s.prologue:
-        program = json.dumps([{"op": "Mul", "args": ["x", "c0"]}, {"op": "Add", "args": ["x", "c1"]}])
-        stock.insert(1, helper.make_node(PROBE_CHAIN, ["xb", "in_scale", "in_shift"], ["xa"], domain=DOMAIN,
-                                         program=program, **chain_attrs({"program": program})))
+        stock.insert(1, probe_chain("xb", "xa", s.in_scale, s.in_shift, "in"))
         stock[2].input[0] = "xa"
-        affine = [numpy_helper.from_array(np.array([v], np.float32), n)
-                  for n, v in (("in_scale", s.in_scale), ("in_shift", s.in_shift))]
     if s.act == "quick_gelu":
         stock[-1].output[0] = "cb"
         stock.append(helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=s.alpha))
+    if s.output_map:
+        stock[-1].output[0] = "eb"
+        stock.append(probe_chain("eb", "yb", s.out_scale, s.out_shift, "out"))
     native = [first, helper.make_node(OP, ["xb", "wb", "b"], ["yb"], domain=DOMAIN, **_node_attrs(s, block))]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
               helper.make_opsetid("com.microsoft", 1)]
@@ -311,9 +379,9 @@ def measured_faster(shape: Shape, block: int, threads: int, cold: bool = False) 
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
     depthwise conv of this shape between reorders (``op_timing.native_faster``)."""
     stock, native = pair_models(shape, block)
+    chains = frozenset({PROBE_CHAIN}) if shape.prologue or shape.output_map else frozenset()
     return op_timing.native_faster(stock, native, frozenset({OP}), {"x": (1, shape.c, shape.h, shape.w)}, threads,
-                                 MARGIN, stock_ops=frozenset({PROBE_CHAIN}) if shape.prologue else frozenset(),
-                                 cold=cold)
+                                 MARGIN, stock_ops=chains, cold=cold)
 
 
 def decider(block: int, threads: int, cold: bool = False) -> Callable[[Shape], bool]:

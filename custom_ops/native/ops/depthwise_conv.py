@@ -12,10 +12,12 @@ bottom, right], ``activation`` (absent: none; ``relu``; ``clip``: min(max(v, alp
 ``hard_sigmoid``: clip(alpha v + beta, 0, 1); ``hard_swish``: v * clip(alpha v + beta, 0, 1);
 ``quick_gelu``: v * sigmoid(alpha v), SiLU at alpha 1; ``sigmoid``), ``alpha``, ``beta`` (floats,
 default 1 and 0), ``in_scale``, ``in_shift`` (floats, default 1 and 0: an affine prologue on X, the
-scalar Mul and Add a blocked region leaves before the conv). Output Y [N, C, OH, OW], blocked like X,
-OH = (H + top + bottom - K) // sh + 1 and OW likewise:
+scalar Mul and Add a blocked region leaves before the conv), ``out_scale``, ``out_shift``
+(floats, default 1 and 0: an affine map after the epilogue, the scalar Mul and Add after it).
+Output Y [N, C, OH, OW], blocked like X, OH = (H + top + bottom - K) // sh + 1 and OW likewise:
 
-    Y[n, c, oy, ox] = act(B[c] + sum_{ky, kx < K} F[c, 0, ky, kx] * X'[n, c, oy*sh - top + ky, ox*sw - left + kx])
+    Y[n, c, oy, ox] = out_scale * act(B[c] + sum_{ky, kx < K} F[c, 0, ky, kx] * X'[n, c, oy*sh - top + ky,
+                                                                                   ox*sw - left + kx]) + out_shift
 
 with X' = in_scale * X + in_shift inside the image and zero outside (the padding is of X', as when
 the affine is a node of its own before the conv). Any other rank, shape, block, stride or pad is an
@@ -66,15 +68,18 @@ ACTIVATIONS = ("relu", "clip", "hard_sigmoid", "hard_swish", "quick_gelu", "sigm
 ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_QUICK_GELU, ACT_SIGMOID = range(7)
 KERNELS = (3, 5)
 # attribute words: block; strides (count, 2 values); pads (count, 4 values); activation (count, index);
-# alpha; beta; in_scale; in_shift
-DA_BLOCK, DA_STRIDES, DA_PADS, DA_ACT, DA_ALPHA, DA_BETA, DA_IN_SCALE, DA_IN_SHIFT = 0, 1, 4, 9, 11, 12, 13, 14
+# alpha; beta; in_scale; in_shift; out_scale; out_shift
+(DA_BLOCK, DA_STRIDES, DA_PADS, DA_ACT, DA_ALPHA, DA_BETA, DA_IN_SCALE, DA_IN_SHIFT, DA_OUT_SCALE,
+ DA_OUT_SHIFT) = 0, 1, 4, 9, 11, 12, 13, 14, 15, 16
 ATTRS = (AttrDef("block", "int", DA_BLOCK), AttrDef("strides", "ints", DA_STRIDES, max_steps=2),
          AttrDef("pads", "ints", DA_PADS, max_steps=4),
          AttrDef("activation", "choice", DA_ACT, required=False, choices=ACTIVATIONS, max_steps=1),
          AttrDef("alpha", "float", DA_ALPHA, required=False, default=1.0),
          AttrDef("beta", "float", DA_BETA, required=False, default=0.0),
          AttrDef("in_scale", "float", DA_IN_SCALE, required=False, default=1.0),
-         AttrDef("in_shift", "float", DA_IN_SHIFT, required=False, default=0.0))
+         AttrDef("in_shift", "float", DA_IN_SHIFT, required=False, default=0.0),
+         AttrDef("out_scale", "float", DA_OUT_SCALE, required=False, default=1.0),
+         AttrDef("out_shift", "float", DA_OUT_SHIFT, required=False, default=0.0))
 ROWS = 8  # outputs per register-blocked call with 8 lanes (16 vector registers), K 3 stride 1
 ROWS_WIDE = 4  # with 8 lanes, K 5 or stride 2
 ROWS_512 = 12  # with 16 lanes (32 vector registers), any K and stride
@@ -83,8 +88,9 @@ SCRATCH_FLOATS = 32 * 1024  # strips of input rows per block: 128 KB, within a c
 TARGET_BLOCKS = 16  # blocks of rows wanted per run (enough to balance a few threads), rows permitting
 # args block (int64 words)
 (DG_X, DG_F, DG_B, DG_Y, DG_C, DG_H, DG_W, DG_OH, DG_OW, DG_LANES, DG_K, DG_SH, DG_SW, DG_PT, DG_PL, DG_ACT,
- DG_ALPHA, DG_BETA, DG_RB, DG_PER_PLANE, DG_PR, DG_FAILED, DG_IN_SCALE, DG_IN_SHIFT) = range(24)
-ARGS_BYTES = 8 * 24
+ DG_ALPHA, DG_BETA, DG_RB, DG_PER_PLANE, DG_PR, DG_FAILED, DG_IN_SCALE, DG_IN_SHIFT, DG_OUT_SCALE,
+ DG_OUT_SHIFT) = range(26)
+ARGS_BYTES = 8 * 26
 
 _T_SHAPES = cstr("X must have rank 4, F the shape [C, 1, K, K] with C = X's channels and K 3 or 5, "
                  "and B the shape [C]")
@@ -201,8 +207,9 @@ def fill_strip(xa, h, w, lanes, iy0, rows, c0, cols, buf, scale, shift):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _epilogue(row, act, alpha):
-    """The epilogues that need exp (the others are applied by ``dw_row``)."""
+def _epilogue(row, act, alpha, out_scale, out_shift):
+    """The epilogues that need exp (the others are applied by ``dw_row``), then the output's affine
+    map (``dw_row`` applies it after the others)."""
     if act == ACT_QUICK_GELU and alpha == ONE:  # v / (1 + e**-v): SiLU, one division per vector
         for i in range(row.shape[0]):
             row[i] = silu_f32(row[i])
@@ -213,13 +220,20 @@ def _epilogue(row, act, alpha):
     elif act == ACT_SIGMOID:
         for i in range(row.shape[0]):
             row[i] = sigmoid_f32(row[i])
+    if out_scale != ONE or out_shift != ZERO:
+        for i in range(row.shape[0]):
+            row[i] = out_scale * row[i] + out_shift
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def epilogue_words(ep, act, alpha, beta):
-    """The five words (a, b, lo, hi, g) of ``dw_row``'s epilogue for ``act`` at ``ep``."""
+def epilogue_words(ep, act, alpha, beta, out_scale, out_shift):
+    """The eight words (a, b, lo, hi, g, c, d, f) of ``dw_row``'s epilogue for ``act`` and the output's
+    affine map at ``ep`` (the map is ``_epilogue``'s after an exp epilogue: there c, d, f = 1, 0, 0)."""
     inf = np.float32(np.inf)
     a, b, lo, hi, g = ONE, ZERO, -inf, inf, ZERO
+    c, d, f = ONE, ZERO, ZERO
+    if act not in (ACT_QUICK_GELU, ACT_SIGMOID) and (out_scale != ONE or out_shift != ZERO):
+        c, d, f = out_scale, out_shift, ONE
     if act == ACT_RELU:
         lo = ZERO
     elif act == ACT_CLIP:
@@ -227,7 +241,7 @@ def epilogue_words(ep, act, alpha, beta):
     elif act in (ACT_HARD_SIGMOID, ACT_HARD_SWISH):
         a, b, lo, hi = alpha, beta, ZERO, ONE
         g = ONE if act == ACT_HARD_SWISH else ZERO
-    for i, v in enumerate((a, b, lo, hi, g)):
+    for i, v in enumerate((a, b, lo, hi, g, c, d, f)):
         store_f32(ep + 4 * i, v)
 
 
@@ -296,14 +310,15 @@ def _prologue_bias(ba, sums, k, ky0, ky1, lanes, shift, out):
 
 @njit(nogil=True, error_model="numpy", cache=True)
 def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, act, alpha, beta, buf, scale,
-             shift):
+             shift, out_scale, out_shift):
     """Output rows oy0..oy1 of one channel block of one image: xa its input plane [H, W, lanes], fa
     its filter [K, K, lanes], ba its bias [lanes], ya its output plane [OH, OW, lanes]; ``buf``:
-    scratch_floats(oy1 - oy0, ...) floats; the prologue X' = scale * X + shift (module docstring).
+    scratch_floats(oy1 - oy0, ...) floats; the prologue X' = scale * X + shift and the output's map
+    out_scale * act(...) + out_shift (module docstring).
     Outputs whose taps all fall inside the image read X in place (rows of the padding above and
     below skipped); the others read zero-padded strips of X' on the block's input rows, copied once."""
     ep = buf
-    epilogue_words(ep, act, alpha, beta)
+    epilogue_words(ep, act, alpha, beta, out_scale, out_shift)
     lo, hi = split_columns(w, ow, k, sw, pl, lanes)
     cl = _strip_cols(0, lo, k, sw)
     cr = _strip_cols(hi, ow, k, sw)
@@ -342,7 +357,7 @@ def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, a
             _interior(right + 4 * j * cr * lanes, cr * lanes, fa, 0, k, ba, row + 4 * hi * lanes, ow - hi, k, sw,
                       lanes, ep)
         if act in (ACT_QUICK_GELU, ACT_SIGMOID):
-            _epilogue(y[base:base + ow * lanes], act, alpha)
+            _epilogue(y[base:base + ow * lanes], act, alpha, out_scale, out_shift)
 
 
 def compute_depthwise_conv(kernel, ctx):
@@ -413,6 +428,8 @@ def compute_depthwise_conv(kernel, ctx):
     store_f64(args + 8 * DG_BETA, np.float64(slot_f32(kernel, DA_BETA)))
     store_f64(args + 8 * DG_IN_SCALE, np.float64(slot_f32(kernel, DA_IN_SCALE)))
     store_f64(args + 8 * DG_IN_SHIFT, np.float64(slot_f32(kernel, DA_IN_SHIFT)))
+    store_f64(args + 8 * DG_OUT_SCALE, np.float64(slot_f32(kernel, DA_OUT_SCALE)))
+    store_f64(args + 8 * DG_OUT_SHIFT, np.float64(slot_f32(kernel, DA_OUT_SHIFT)))
     # cost in elementwise-equivalent units: multiply-adds / 4
     st = run_blocks(api, ctx, kernel, args, planes * per_plane, n * c * oh * ow * k * k // 4)
     if st == 0 and load_i64(args + 8 * DG_FAILED) != 0:
@@ -446,7 +463,8 @@ def _depthwise_worker(args, block):
              h, w, oh, ow, lanes, k, sh, sw, load_i64(args + 8 * DG_PT), pl, oy0, oy1,
              load_i64(args + 8 * DG_ACT), np.float32(load_f64(args + 8 * DG_ALPHA)),
              np.float32(load_f64(args + 8 * DG_BETA)), buf, np.float32(load_f64(args + 8 * DG_IN_SCALE)),
-             np.float32(load_f64(args + 8 * DG_IN_SHIFT)))
+             np.float32(load_f64(args + 8 * DG_IN_SHIFT)), np.float32(load_f64(args + 8 * DG_OUT_SCALE)),
+             np.float32(load_f64(args + 8 * DG_OUT_SHIFT)))
     c_free(buf)
 
 
