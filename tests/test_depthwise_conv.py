@@ -387,19 +387,24 @@ def test_which_chains_are_affine(program, operands, expected):
     assert depthwise._affine_chain(node, inits) is None
 
 
-def test_the_prologue_probe_times_the_same_math_both_ways():
-    """The timing probe of a conv with a prologue: ORT's form holds the affine chain before ORT's
-    blocked conv, the native form the op with in_scale/in_shift; both give the same outputs."""
+@pytest.mark.parametrize("folds, ops", [
+    ((0.7, -0.4, 1.0, 0.0), ["ReorderInput", depthwise.PROBE_CHAIN, "Conv", "ReorderOutput"]),
+    ((1.0, 0.0, 1.3, 0.2), ["ReorderInput", "Conv", depthwise.PROBE_CHAIN, "ReorderOutput"]),
+    ((0.7, -0.4, 1.3, 0.2), ["ReorderInput", depthwise.PROBE_CHAIN, "Conv", depthwise.PROBE_CHAIN, "ReorderOutput"]),
+])
+def test_the_fold_probes_time_the_same_math_both_ways(folds, ops):
+    """The timing probe of a conv with a prologue, an output map or both: ORT's form holds the affine
+    chains before and after ORT's blocked conv, the native form the op with in_scale/in_shift and
+    out_scale/out_shift; both give the same outputs."""
     if block_size() not in (8, 16):
         pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
     from ortfuse.foundation.session_options import measuring_options
     from ortfuse.kernel_choice.op_registration import with_custom_ops
 
     block = block_size()
-    shape = depthwise.Shape(2 * block, 9, 13, 3, (1, 1), (1, 1, 1, 1), "hard_swish", 1 / 6, 0.5, 0.7, -0.4)
+    shape = depthwise.Shape(2 * block, 9, 13, 3, (1, 1), (1, 1, 1, 1), "hard_swish", 1 / 6, 0.5, *folds)
     stock, native = depthwise.pair_models(shape, block)
-    assert [n.op_type for n in onnx.load_from_string(stock).graph.node] == [
-        "ReorderInput", depthwise.PROBE_CHAIN, "Conv", "ReorderOutput"]
+    assert [n.op_type for n in onnx.load_from_string(stock).graph.node] == ops
     x = np.random.default_rng(4).standard_normal((1, shape.c, shape.h, shape.w)).astype(np.float32)
     level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     outs = []
