@@ -66,6 +66,7 @@ from ortfuse.custom_ops.vecmath import sigmoid_f32, silu_f32
 OP = "FusedDepthwiseConvBlocked"
 ACTIVATIONS = ("relu", "clip", "hard_sigmoid", "hard_swish", "quick_gelu", "sigmoid")
 ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_QUICK_GELU, ACT_SIGMOID = range(7)
+ROW_PASS_ACTS = (ACT_QUICK_GELU, ACT_SIGMOID)  # need exp: applied to each row after dw_row, with the output map
 KERNELS = (3, 5)
 # attribute words: block; strides (count, 2 values); pads (count, 4 values); activation (count, index);
 # alpha; beta; in_scale; in_shift; out_scale; out_shift
@@ -232,7 +233,7 @@ def epilogue_words(ep, act, alpha, beta, out_scale, out_shift):
     inf = np.float32(np.inf)
     a, b, lo, hi, g = ONE, ZERO, -inf, inf, ZERO
     c, d, f = ONE, ZERO, ZERO
-    if act not in (ACT_QUICK_GELU, ACT_SIGMOID) and (out_scale != ONE or out_shift != ZERO):
+    if act not in ROW_PASS_ACTS and (out_scale != ONE or out_shift != ZERO):
         c, d, f = out_scale, out_shift, ONE
     if act == ACT_RELU:
         lo = ZERO
@@ -356,7 +357,7 @@ def dw_plane(xa, fa, ba, ya, h, w, oh, ow, lanes, k, sh, sw, pt, pl, oy0, oy1, a
         if ow > hi:
             _interior(right + 4 * j * cr * lanes, cr * lanes, fa, 0, k, ba, row + 4 * hi * lanes, ow - hi, k, sw,
                       lanes, ep)
-        if act in (ACT_QUICK_GELU, ACT_SIGMOID):
+        if act in ROW_PASS_ACTS:
             _epilogue(y[base:base + ow * lanes], act, alpha, out_scale, out_shift)
 
 
