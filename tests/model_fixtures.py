@@ -25,6 +25,17 @@ def fan_in_weights(seed: int):
     return w
 
 
+def disable_all_outputs(model, feeds: dict) -> list:
+    """The outputs stock ORT gives with graph optimizations off (ORT_DISABLE_ALL), the reference every
+    fused result is checked against; ``model`` a ModelProto or what InferenceSession opens (a path)."""
+    import onnxruntime
+
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return onnxruntime.InferenceSession(source, so).run(None, feeds)
+
+
 def _model(nodes, inputs, outputs, initializers=(), opset=OPSET, name="g") -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortfuse-tests")

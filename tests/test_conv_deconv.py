@@ -19,6 +19,8 @@ from ortfuse.kernel_choice.op_registration import with_custom_ops
 from ortfuse.layout import deconv, winograd
 from ortfuse.layout.probe import block_size
 
+from model_fixtures import disable_all_outputs
+
 TOL = 1e-4
 InvalidArgument = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
 
@@ -102,9 +104,7 @@ def test_layout_reads_a_stride_2_conv_transpose_from_blocks(tmp_path, monkeypatc
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 48, 48])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     assert "1 stride-2 ConvTranspose(s) read from blocks, 1 with the next one folded in" in note, note

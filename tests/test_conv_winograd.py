@@ -18,7 +18,7 @@ from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.layout import winograd
 from ortfuse.layout.probe import block_size
 
-from model_fixtures import fan_in_weights
+from model_fixtures import disable_all_outputs, fan_in_weights
 
 OP = winograd.OP
 TOL = 1e-4
@@ -184,9 +184,7 @@ def test_layout_runs_3x3_convs_as_winograd_when_told(tmp_path, monkeypatch, mode
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     model = _silu_model()
     x = np.random.default_rng(1).standard_normal((1, 16, 24, 24)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     if mode == "on":
@@ -221,9 +219,7 @@ def test_layout_folds_a_residual_add_after_the_epilogue(tmp_path, monkeypatch):
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     model = _residual_model()
     x = np.random.default_rng(2).standard_normal((1, 16, 20, 20)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     assert "1 with quick_gelu+add" in note and winograd.OP_ADD in note, note
@@ -241,9 +237,7 @@ def test_a_residual_not_faster_leaves_the_add_to_ort_and_keeps_the_conv(tmp_path
                         lambda block, threads, cold=False: lambda *a: asked.append(a[-1]) or not a[-1])
     model = _residual_model()
     x = np.random.default_rng(3).standard_normal((1, 16, 20, 20)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     assert asked == [True, False] and "1 with quick_gelu" in note and winograd.OP_ADD not in note, (asked, note)
@@ -307,9 +301,7 @@ def test_yolov8n_with_every_winograd_conv_native_matches_stock_ort(tmp_path, mon
     monkeypatch.setattr(depthwise, "decider", lambda block, threads, cold=False: lambda shape: False)
     path = str(models.build("yolov8n"))
     feeds = models.sample_inputs("yolov8n")
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(path, so).run(None, feeds)
+    ref = disable_all_outputs(path, feeds)
     sess = ortfuse.InferenceSession(path, fusion=True)
     note = str(sess.fusion_report)
     assert "with quick_gelu+add" in note and winograd.OP_ADD in note, note

@@ -18,7 +18,7 @@ from ortfuse.custom_ops.kernels.depthwise_ref import depthwise_reference, pack_f
 from ortfuse.layout import depthwise, winograd
 from ortfuse.layout.probe import block_size
 
-from model_fixtures import fan_in_weights
+from model_fixtures import disable_all_outputs, fan_in_weights
 
 OP = depthwise.OP
 TOL = 1e-4
@@ -260,9 +260,7 @@ def test_layout_runs_depthwise_convs_natively_when_told(tmp_path, monkeypatch, m
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     model = _silu_model()
     x = np.random.default_rng(1).standard_normal((1, 16, 20, 20)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     if mode == "on":
@@ -302,9 +300,7 @@ def test_an_affine_chain_before_a_depthwise_conv_becomes_its_prologue(tmp_path, 
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     model = _affine_model(second_reader=second_reader)
     x = np.random.default_rng(3).standard_normal((1, 16, 20, 20)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    refs = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})
+    refs = disable_all_outputs(model, {"x": x})
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     assert "1 of 1 depthwise conv(s) native" in note, note
@@ -352,9 +348,7 @@ def test_an_affine_chain_after_a_depthwise_conv_becomes_its_output_map(tmp_path,
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
     model = _output_map_model(consumer)
     x = np.random.default_rng(4).standard_normal((1, 16, 20, 20)).astype(np.float32)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
     assert "1 of 1 depthwise conv(s) native" in note, note
@@ -461,9 +455,7 @@ def test_zoo_models_with_every_depthwise_conv_native_match_stock_ort(tmp_path, m
     monkeypatch.setattr(deconv, "decider", lambda block, threads, cold=False: lambda *a: False)
     path = str(models.build(name))
     feeds = models.sample_inputs(name)
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = onnxruntime.InferenceSession(path, so).run(None, feeds)
+    ref = disable_all_outputs(path, feeds)
     sess = ortfuse.InferenceSession(path, fusion=True)
     note = str(sess.fusion_report)
     assert "depthwise conv(s) native" in note and ", 0 left to ORT's" in note, note

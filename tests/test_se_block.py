@@ -21,6 +21,8 @@ from ortfuse.custom_ops.native.ops import se_block as native_se
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.kernel_choice.op_registration import with_custom_ops
 
+from model_fixtures import disable_all_outputs
+
 OP, OP_ADD = native_se.OP, native_se.OP_ADD
 TOL = 1e-4
 InvalidArgument = onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument
@@ -162,12 +164,6 @@ def se_model(c: int = 32, cr: int = 8, act: str = "Relu", gate: str = "HardSigmo
                              opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _reference(model, feeds):
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, feeds)
-
-
 def _planned(model):
     from ortfuse import fuse
     from ortfuse.fusion.provenance import native_op_types
@@ -231,7 +227,7 @@ def test_an_se_measured_faster_runs_as_one_op_and_keeps_the_outputs(monkeypatch,
     assert attrs.get("activation", b"") == {"Relu": b"relu", "HardSwish": b"hardswish", "SiLU": b"silu"}[act]
     for batch in (1, 2):
         feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 8, 12, 12)).astype(np.float32)}
-        got, ref = _run(layout, native, feeds), _reference(model, feeds)
+        got, ref = _run(layout, native, feeds), disable_all_outputs(model, feeds)
         assert _close(got[0], ref[0]) <= TOL
 
 
@@ -250,7 +246,7 @@ def test_an_se_on_channels_off_the_block_stays_with_ort_and_the_note_says_why(mo
     if 20 % block:
         assert f"at GlobalAveragePool (20 channels, not a multiple of the block {block})" in layout.note, layout.note
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)}
-    assert _close(_run(layout, native, feeds)[0], _reference(model, feeds)[0]) <= TOL
+    assert _close(_run(layout, native, feeds)[0], disable_all_outputs(model, feeds)[0]) <= TOL
 
 
 @needs_nchwc
@@ -262,7 +258,7 @@ def test_an_se_measured_slower_is_left_to_ort_and_the_note_says_so(monkeypatch):
     assert not _se_ops(layout)
     assert "1 squeeze-excite block(s) left to ORT (not faster here)" in layout.note, layout.note
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)}
-    assert _close(_run(layout, native, feeds)[0], _reference(model, feeds)[0]) <= TOL
+    assert _close(_run(layout, native, feeds)[0], disable_all_outputs(model, feeds)[0]) <= TOL
 
 
 @needs_nchwc
@@ -289,7 +285,7 @@ def test_an_se_whose_pooled_means_are_read_elsewhere_is_not_matched(monkeypatch)
     assert layout is not None, why_not
     assert not _se_ops(layout), layout.note
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)}
-    got, ref = _run(layout, native, feeds), _reference(model, feeds)
+    got, ref = _run(layout, native, feeds), disable_all_outputs(model, feeds)
     assert all(_close(g, r) <= TOL for g, r in zip(got, ref))
 
 
@@ -318,5 +314,5 @@ def test_zoo_se_blocks_keep_the_outputs_either_way(monkeypatch, name, faster):
     if not faster and blocked:
         assert f"{blocked} squeeze-excite block(s) left to ORT" in layout.note, layout.note
     feeds = models.sample_inputs(name)
-    got, ref = _run(layout, native, feeds), _reference(model, feeds)
+    got, ref = _run(layout, native, feeds), disable_all_outputs(model, feeds)
     assert all(_close(g, r) <= TOL for g, r in zip(got, ref))
