@@ -26,7 +26,7 @@ from ortfuse.custom_ops.specs import DOMAIN
 pytestmark = pytest.mark.skipif(availability.unavailable_reason() is not None,
                                 reason=f"native path unavailable: {availability.unavailable_reason()}")
 
-OPS = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct"]
+OPS = ["FusedAddRelu", "FusedHardSwish", "FusedSiLU", "FusedGemmAct", "FusedNanToZero"]
 HARDSWISH = {"add": 3.0, "lo": 0.0, "hi": 6.0, "div": 6.0}
 
 
@@ -168,6 +168,19 @@ def test_silu_matches_reference(session, threading_mode, shape):
     with np.errstate(invalid="ignore", over="ignore"):
         want = reference.silu(x)
     _assert_same(session("FusedSiLU", ["X"]).run(None, {"X": x})[0], want, exact=False)
+
+
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+def test_nan_to_zero_matches_reference(session, threading_mode, shape):
+    """Where(IsNaN(x), 0, x) bit for bit: infinities, -0 and subnormals kept, every NaN +0."""
+    rng = np.random.default_rng(len(shape) + 23)
+    x = _specials(int(np.prod(shape)), rng).reshape(shape)
+    if x.size > 20:
+        x.reshape(-1)[rng.integers(0, x.size, x.size // 7)] = np.nan
+    want = np.where(np.isnan(x), np.float32(0.0), x)
+    got = session("FusedNanToZero", ["X"]).run(None, {"X": x})[0]
+    _assert_same(got, want)
+    assert not np.isnan(got).any()
 
 
 def test_unary_strided_input(session):

@@ -26,6 +26,7 @@ from onnx import numpy_helper
 import ortfuse
 from ortfuse import fuse
 from ortfuse.fusion.report import FUSED
+from ortfuse.kernel_choice import registry
 
 import weightless_fixtures
 from pattern_graphs import CPU, run_stock
@@ -90,8 +91,10 @@ def test_every_encoder_pattern_is_fused(export):
     assert collections.Counter(m.pattern_id for m in ours) == EXPECTED, report.table()
     attention = [m for m in ours if m.pattern_id == "attention"]
     # TorchScript writes the mask as Where(m, 0, -inf): the graph's Where(IsNaN(p), 0, p) after the
-    # Softmax is kept (after the fused op); dynamo writes finfo.min: nothing to keep
-    ending = "com.microsoft:Attention + IsNaN + Where" if name == "torchscript" else "com.microsoft:Attention"
+    # Softmax is kept (after the fused op, one native pass where the native path exists); dynamo
+    # writes finfo.min: nothing to keep
+    guard = " + ai.onnx.contrib:FusedNanToZero" if "FusedNanToZero" in registry._native_ops() else " + IsNaN + Where"
+    ending = "com.microsoft:Attention" + (guard if name == "torchscript" else "")
     assert all(m.kernel.endswith(ending) for m in attention), report.table()
 
 
@@ -117,14 +120,19 @@ def test_fused_outputs_match_stock(export, batch, seq):
     _close(session.run(None, feeds)[0], run_stock(model, feeds)[0])
 
 
-@pytest.mark.parametrize("kernels", ["lowered:attention_bias", "lowered:mha_bias", "reference"])
+@pytest.mark.parametrize("kernels", ["lowered:attention_bias", "lowered:mha_bias", "lowered-only", "reference"])
 def test_a_sequence_with_every_key_masked(export, kernels):
     """Every key of one sequence masked: TorchScript's -inf mask makes its Softmax rows NaN, which
     the graph sets to 0 (attention output 0); dynamo's finfo.min mask gives a uniform row. Each form
-    the registry offers without the native path gives stock's outputs."""
-    _, model = export
+    the registry offers without the native core gives stock's outputs, its guard native where the
+    native path exists and ORT's IsNaN + Where where only ORT's own ops are wanted (lowered-only)."""
+    name, model = export
     fused, report = fuse(model, ["attention"], kernels=kernels)
     assert len(report.fused) == LAYERS, report.table()
+    guards = collections.Counter(n.op_type for n in fused.graph.node)
+    native = "FusedNanToZero" in registry._native_ops() and kernels.startswith("lowered:")
+    if name == "torchscript" and kernels != "reference":
+        assert (guards["FusedNanToZero"], guards["IsNaN"]) == ((LAYERS, 0) if native else (0, LAYERS)), guards
     feeds = _feeds(3, 12, seed=1, all_masked=True)
     session = ortfuse.InferenceSession(fused.SerializeToString(), providers=CPU)
     _close(session.run(None, feeds)[0], run_stock(model, feeds)[0])

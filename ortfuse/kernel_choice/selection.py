@@ -28,7 +28,8 @@ def lower(form: str, m: Match, ctx: Context) -> Lowered | str:
 def choose_kernel(ix: GraphIndex, m: Match, prefer: str | None,
                   precision: str = registry.FP32) -> tuple[registry.Selection, Lowered | None]:
     """The registry's kernel for ``m`` and, for a lowered kernel, its nodes (else None)."""
-    ctx = Context(ix.opset, lambda hint: ix.unique_name(f"{m.output}/{hint}"), ix.shape)
+    native = frozenset() if prefer in (registry.LOWERED_ONLY, registry.NO_NATIVE) else registry._native_ops()
+    ctx = Context(ix.opset, lambda hint: ix.unique_name(f"{m.output}/{hint}"), ix.shape, native)
     built: dict[registry.Kernel, Lowered] = {}
 
     def fits(kernel: registry.Kernel) -> str:

@@ -32,11 +32,13 @@ HARDSWISH_STD = (1.0 / 6.0, 0.5)  # HardSwish(x) = x * HardSigmoid(x; 1/6, 1/2)
 
 @dataclass
 class Context:
-    """What a form may ask of the graph: its ai.onnx opset, fresh tensor names, static shapes."""
+    """What a form may ask of the graph: its ai.onnx opset, fresh tensor names, static shapes, and
+    the native op types it may end a form in (none where only ORT's own ops are wanted)."""
 
     opset: int
     fresh: Callable[[str], str]
     shape: Callable[[str], list | None] = lambda name: None
+    native: frozenset[str] = frozenset()
 
 
 def qualified(node: onnx.NodeProto) -> str:

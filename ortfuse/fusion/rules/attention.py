@@ -59,6 +59,7 @@ from ortfuse.ir.graph import GraphIndex
 
 ID = "attention"
 CORE_OP = "FusedAttentionCore"  # custom_ops/native/ops/attention_core.py
+GUARD_OP = "FusedNanToZero"  # custom_ops/native/ops/nan_to_zero.py
 
 
 def _scores(ix: GraphIndex, tensor: str):
@@ -215,6 +216,15 @@ SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
 CORE_SPEC = OpSpec(CORE_OP, ID, ("QKV", "Bias", "M"), {"num_heads": int, "scale": float}, core_reference)
 
 
+def nan_to_zero(x, **_):
+    """x with every NaN entry +0 (Where(IsNaN(x), 0, x))."""
+    return np.where(np.isnan(x), np.float32(0.0), x)
+
+
+# FusedNanToZero(X) = Where(IsNaN(X), 0, X): the guard of the forms, one native pass where it exists.
+GUARD_SPEC = OpSpec(GUARD_OP, ID, ("X",), {}, nan_to_zero)
+
+
 # ------------------------------------------------------------------------------------------------
 # lowering forms. com.microsoft:Attention(input[B, S, D], weights[D, 3D], bias[3D], mask_index,
 # past, attention_bias[B|1, H|1, S, S]) and com.microsoft:MultiHeadAttention(q, k, v [B, S, D],
@@ -271,10 +281,13 @@ def _output(m: Match, ctx: Context) -> str:
 
 
 # op -> Where(IsNaN(y), 0, y): the graph's guard after the Softmax, moved after the op (a probability
-# row that is NaN gives a NaN output row, and the graph's 0 row gives 0 @ V = 0 for finite V)
+# row that is NaN gives a NaN output row, and the graph's 0 row gives 0 @ V = 0 for finite V);
+# op -> FusedNanToZero(y) where the native op exists (one pass over y instead of ORT's two)
 def _guarded(m: Match, ctx: Context, lowered: Lowered, out: str) -> Lowered:
     if out == m.output:
         return lowered
+    if GUARD_OP in ctx.native:
+        return Lowered(lowered.nodes + [node(GUARD_OP, [out], [m.output], domain=DOMAIN)], lowered.initializers)
     isnan = ctx.fresh("is_nan")
     zero = numpy_helper.from_array(np.array(0.0, np.float32), ctx.fresh("zero"))
     guard = [node("IsNaN", [out], [isnan]), node("Where", [isnan, zero.name, out], [m.output])]
@@ -510,7 +523,7 @@ def _sdpa_example(exporter: str = "torchscript", swap: bool = False, guard_fill:
 
 RULE = PatternRule(
     anchor=Anchor("Softmax", onnx_only=True),
-    id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC), lowering=LOWERING,
+    id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC, GUARD_SPEC), lowering=LOWERING,
     examples=(
         Example("torchscript_bert_attention", _example),
         Example("dynamo_sdpa_attention", lambda: _example("dynamo")),
