@@ -100,6 +100,14 @@ def test_request_options_and_environment_are_part_of_the_key(model_path, monkeyp
     assert not _cached(ortfuse.InferenceSession(model_path, fusion=True).fusion_report)
 
 
+def test_every_layout_switch_is_part_of_the_key():
+    """Each environment switch a layout rewrite reads changes the plan, so it keys the plan."""
+    from ortfuse.layout import depthwise, planner, pointwise, se_block, winograd
+
+    switches = {planner.ENV, planner.PADDING_ENV, winograd.ENV, pointwise.ENV, se_block.ENV, depthwise.ENV}
+    assert switches <= set(plan_cache._ENV_KEYS), switches - set(plan_cache._ENV_KEYS)
+
+
 def test_a_changed_model_file_is_planned_again(model_path):
     ortfuse.InferenceSession(model_path, fusion=True)
     model = ffn_matmul_add_relu()

@@ -11,6 +11,8 @@
   numba: planning imports it) transforms filters and holds the float64 references.
 - ``depthwise``: the depthwise convolution micro-kernel on NCHWc blocks; ``depthwise_ref`` (numpy
   only) packs its filter and holds the float64 reference.
+- ``pointwise``: the 1x1 convolution micro-kernel on NCHWc blocks; ``pointwise_ref`` (numpy only)
+  packs its filter.
 - ``squeeze_excite`` (numpy only): the squeeze-and-excitation reference and the 1x1 weights read back
   from ORT's blocked filters.
 

@@ -2,9 +2,10 @@
 transformer blocking the convolutional regions), then the ops ORT left between reorder pairs run
 blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions of layout-agnostic
 ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize), then 3x3 convs as native
-Winograd kernels and stride-2 ConvTransposes read from blocks where they measure faster here
-(``winograd``, ``deconv``), then squeeze-excite blocks as one native op (``se_block``) and depthwise
-convs as native kernels where they do (``depthwise``). All of that is done twice when some conv's
+Winograd kernels, 1x1 convs with their QuickGelu as one native op and stride-2 ConvTransposes read
+from blocks where they measure faster here (``winograd``, ``pointwise``, ``deconv``), then
+squeeze-excite blocks as one native op (``se_block``) and depthwise convs as native kernels where
+they do (``depthwise``). All of that is done twice when some conv's
 channels are off the block: on the fused model and on it with those channels padded to whole blocks
 (``channel_padding``), and the padded form is kept where the two whole graphs time it faster. What
 is timed runs at the input sizes the session serves where they are named (``served_sizes``: the
@@ -36,6 +37,7 @@ from ortfuse.layout import (
     deconv,
     depthwise,
     op_timing,
+    pointwise,
     regions,
     se_block,
     served_sizes,
@@ -86,6 +88,7 @@ def plan_layout(original: onnx.ModelProto, fused: onnx.ModelProto, sess_options,
                       "bit-exact with ORT: ORT's own layout runs")
     if not any(blocked_scale.scale_shapes(n, shape) if n.op_type == "Mul" else
                regions.may_move(n) or n.op_type == "ConvTranspose" or winograd.may_replace(n, fused.graph)
+               or pointwise.may_replace(n, fused.graph)
                or depthwise.may_replace(n, fused.graph)
                for n in fused.graph.node):
         return None, ("layout: no op ORT leaves between reorders that ortfuse runs blocked (channel scale, "
@@ -172,8 +175,9 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
 
 def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None) -> None:
     """The rewrites timed op by op on this machine, applied to ``chosen`` (its graph, native ops, summaries
-    and failures updated): Winograd 3x3 convs, stride-2 ConvTransposes, squeeze-excite blocks as one op,
-    depthwise convs. Run on the form the plan keeps only: their probes are the costly part of planning.
+    and failures updated): Winograd 3x3 convs, 1x1 convs with their QuickGelu, stride-2 ConvTransposes,
+    squeeze-excite blocks as one op, depthwise convs. Run on the form the plan keeps only: their probes
+    are the costly part of planning.
     ``served``: the shapes at the dims the session serves (``_served_shape``), which the probes are
     timed at; the rewrites' legality is proved on ``shape`` alone."""
     optimized, failed = chosen.graph, ""
@@ -183,6 +187,11 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
         wino = winograd.run_winograd(optimized.graph, shape, block, winograd.decider(block, threads, cold), served)
     except Exception as exc:  # never worse than the plan without them
         wino, failed = winograd.WinogradResult(), failed + f"; convs left to ORT ({type(exc).__name__}: {exc})"
+    try:
+        pw = pointwise.run_pointwise(optimized.graph, winograd.spatial_dims(optimized.graph, sized), block,
+                                     pointwise.decider(block, threads, cold))
+    except Exception as exc:  # never worse than the plan without them
+        pw, failed = pointwise.PointwiseResult(), failed + f"; 1x1 convs left to ORT ({type(exc).__name__}: {exc})"
     try:
         hw = winograd.spatial_dims(optimized.graph, sized)
         up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads, cold))
@@ -199,11 +208,13 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
         dw = depthwise.DepthwiseResult()
         failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"
     chosen.done += [wino.summary()] if wino.replaced else []
+    chosen.done += [pw.summary()] if pw.replaced else []
     chosen.done += [up.summary()] if up.replaced else []
     chosen.done += [se.summary()] if se.summary() else []
     chosen.done += [dw.summary()] if dw.summary() else []
     chosen.native = (chosen.native | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
-                     | frozenset({depthwise.OP} if dw.replaced else set()))
+                     | frozenset({depthwise.OP} if dw.replaced else set())
+                     | frozenset({pointwise.OP} if pw.replaced else set()))
     chosen.failed += failed
 
 

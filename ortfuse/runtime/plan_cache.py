@@ -6,7 +6,7 @@ location it names: ``identity``), the fusion request (fusion, patterns, kernels)
 depends on in the session options (optimization level, intra-op threads, ``ortfuse.tune_dims``,
 ``ortfuse.precision``), the environment (``ORTFUSE_ISA``, ``ORTFUSE_NATIVE``, ``ORTFUSE_TUNE``,
 ``ORTFUSE_PRECISION``, ``ORTFUSE_LAYOUT``, ``ORTFUSE_WINOGRAD``, ``ORTFUSE_SE_BLOCK``, ``ORTFUSE_CHANNEL_PADDING``,
-``ORTFUSE_DEPTHWISE``, numba's target ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``), this CPU, the
+``ORTFUSE_DEPTHWISE``, ``ORTFUSE_POINTWISE``, numba's target ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``), this CPU, the
 onnxruntime / extensions / numba versions, the kernel ranking measured on this machine
 (``ortfuse.kernel_choice.ranking``), and a digest of ortfuse's own source files (a changed rewriter never
 serves an old plan). The CPU is identified by ``isa.fingerprint`` (no LLVM load), so
@@ -51,7 +51,8 @@ MAX_HELD = 64  # plan files one process holds locked against trimming
 # a cache hit imports no kernel, rewrite or onnx code
 # NUMBA_CPU_*: the instruction set numba compiles the native kernels for, named in the report's labels
 _ENV_KEYS = (isa.ENV_VAR, "ORTFUSE_NATIVE", "ORTFUSE_TUNE", "ORTFUSE_PRECISION", "ORTFUSE_LAYOUT", "ORTFUSE_WINOGRAD",
-             "ORTFUSE_SE_BLOCK", "ORTFUSE_DEPTHWISE", "ORTFUSE_CHANNEL_PADDING", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
+             "ORTFUSE_SE_BLOCK", "ORTFUSE_DEPTHWISE", "ORTFUSE_POINTWISE", "ORTFUSE_CHANNEL_PADDING", "NUMBA_CPU_NAME",
+             "NUMBA_CPU_FEATURES")
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
 _made_from: dict[str, list] = {}  # key -> the file states its identity was read from (store checks them)
 _held: dict[str, int] = {}  # plan file -> a descriptor holding a shared lock on it for this process's life

@@ -38,7 +38,7 @@ from ortfuse.custom_ops.native.slots import slot_api, slot_f32, slot_i64
 from ortfuse.custom_ops.native.threads import run_blocks
 from ortfuse.custom_ops.native.words import DIMS_BYTES
 from ortfuse.custom_ops.status_messages import cstr
-from ortfuse.custom_ops.vecmath import sigmoid_f32
+from ortfuse.custom_ops.vecmath import sigmoid_f32, silu_f32
 
 OP = "FusedWinogradConvBlocked"
 OP_ADD = "FusedWinogradConvAddBlocked"
@@ -104,10 +104,15 @@ def _gemm(va, cin, ua, ldu, ma, ldm, cols, rows, lanes):
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
-def _epilogue(row, act, alpha):
+def epilogue_rows(row, act, alpha):
+    """The epilogue ``act`` on a row of outputs in place: relu; quick_gelu v * sigmoid(alpha * v),
+    for alpha 1 (SiLU, as ORT makes QuickGelu of Sigmoid -> Mul) v / (1 + e**-v), one division."""
     if act == ACT_RELU:
         for i in range(row.shape[0]):
             row[i] = relu1(row[i])
+    elif act == ACT_QUICK_GELU and alpha == np.float32(1.0):
+        for i in range(row.shape[0]):
+            row[i] = silu_f32(row[i])
     elif act == ACT_QUICK_GELU:
         for i in range(row.shape[0]):
             v = row[i]
@@ -190,7 +195,7 @@ def conv_tiles(xa, ua, ba, ya, h, wd, cin, cout, t0, t1, co0, co1, lanes, act, a
                     at = plane + (oy0 + i) * rs + ox0 * lanes
                     span = min(TILE, wd - ox0) * lanes
                     row = f32_view(ya + 4 * at, span)
-                    _epilogue(row, act, alpha)
+                    epilogue_rows(row, act, alpha)
                     if ra != 0:
                         res = f32_view(ra + 4 * at, span)
                         for j in range(span):

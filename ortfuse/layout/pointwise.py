@@ -1,0 +1,176 @@
+"""Pointwise convolutions in blocked regions: ORT's NCHWc 1x1 Convs whose output a QuickGelu alone
+reads (as ORT makes of Conv -> Sigmoid -> Mul: SiLU) replaced by ortfuse's
+``FusedPointwiseConvBlocked``, which applies the QuickGelu to each tile of outputs while it is in
+cache, where that measures faster on this machine (docs/ARCHITECTURE.md §9):
+
+    # Conv_nchwc(Xb, Wb, B) -> QuickGelu(alpha) -> Yb   ->   FusedPointwiseConvBlocked(Xb, P, B; block, alpha) -> Yb
+
+A candidate: a ``com.microsoft.nchwc:Conv`` with a 1x1 filter initializer, stride 1, no padding, no
+dilation, one group, no activation and no fused Sum input, Cin and Cout multiples of the block (its
+input blocked). ORT runs its other epilogues (Relu, Clip, HardSigmoid, HardSwish) inside its own
+blocked Conv, so only the QuickGelu is a pass to save. P is made here once from ORT's blocked filter
+(``kernels.pointwise_ref.pack_filter``).
+
+Which form runs is decided per machine and conv shape (Cin, Cout, H, W, alpha) as for ``winograd``,
+but timed on blocks without the reorders (``_pair_models``; ``op_timing.native_faster``): the native
+form is taken only when it beats ``winograd.MARGIN`` times ORT's in every repeat (results kept per
+machine, ``layout.choice_cache``). ``ORTFUSE_POINTWISE`` = off (never) | on (always, no timing) | measure (the
+default). A conv whose input dims are unknown is left to ORT.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortfuse.custom_ops.kernels.pointwise_ref import pack_filter
+from ortfuse.custom_ops.specs import DOMAIN
+from ortfuse.fusion.rulekit.checks import attr
+from ortfuse.ir.editing import GraphEdit
+from ortfuse.layout import op_timing, replaced_nodes
+from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA, unblock_filter
+
+OP = "FusedPointwiseConvBlocked"  # custom_ops/native/ops/pointwise_conv.py
+ENV = "ORTFUSE_POINTWISE"
+
+
+@dataclass
+class PointwiseResult:
+    replaced: int = 0
+    kept: int = 0  # candidates left to ORT (slower here, or dims unknown)
+
+    def summary(self) -> str:
+        if not self.replaced:
+            return ""
+        return f"{self.replaced} 1x1 conv(s) with their QuickGelu as {OP}" + (
+            f"; {self.kept} left to ORT" if self.kept else "")
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "measure").strip().lower()
+    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+
+
+def _candidate(node: onnx.NodeProto, inits: dict, block: int) -> np.ndarray | None:
+    """The [Cout, Cin] filter of an NCHWc 1x1 Conv the native kernel can run, else None."""
+    if node.op_type != "Conv" or node.domain != NCHWC or len(node.input) < 2:
+        return None
+    if (len(node.input) > 3 and node.input[3]) or attr(node, "activation") is not None:
+        return None
+    if node.input[1] not in inits or (len(node.input) > 2 and node.input[2] and node.input[2] not in inits):
+        return None
+    if attr(node, "group", 1) != 1 or list(attr(node, "strides", [1, 1])) != [1, 1]:
+        return None
+    if list(attr(node, "dilations", [1, 1])) != [1, 1] or any(attr(node, "pads", [0, 0, 0, 0])):
+        return None
+    if attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    wb = numpy_helper.to_array(inits[node.input[1]])
+    if wb.dtype != np.float32 or wb.ndim != 4 or wb.shape[2:] != (1, 1):
+        return None
+    cout, cin = wb.shape[:2]
+    if cin < block or cin % block or cout % block:
+        return None
+    return unblock_filter(wb, block)[:, :, 0, 0]
+
+
+def may_replace(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
+    """Whether ``node`` (in the fused model, before ORT optimizes it) is a Conv that may become a
+    candidate: 1x1 filter initializer, stride 1, one group, and the mode is not off."""
+    if node.op_type not in ("Conv", "FusedConv") or len(node.input) < 2 or mode() == "off":
+        return False
+    if attr(node, "group", 1) != 1 or list(attr(node, "strides", [1, 1])) != [1, 1]:
+        return False
+    dims = next((list(t.dims) for t in graph.initializer if t.name == node.input[1]), None)
+    return dims is not None and dims[2:] == [1, 1]
+
+
+def run_pointwise(graph: onnx.GraphProto, hw: dict[str, tuple[int, int]], block: int,
+                  decide: Callable[[int, int, int, int, float], bool]) -> PointwiseResult:
+    """Replace, in place, every candidate conv with its QuickGelu that ``decide(cin, cout, h, w,
+    alpha)`` accepts; ``hw``: (H, W) of the graph's tensors where known (``winograd.spatial_dims``)."""
+    result = PointwiseResult()
+    if block not in (8, 16) or mode() == "off":
+        return result
+    g = GraphEdit(graph)
+    new_inits: list[onnx.TensorProto] = []
+    for node in graph.node:
+        w = _candidate(node, g.initializers, block)
+        if w is None:
+            continue
+        fold = g.child(node.output[0], "QuickGelu", "com.microsoft")
+        if fold is None:
+            continue
+        alpha = float(attr(fold, "alpha", QUICK_GELU_ALPHA))
+        dims = hw.get(node.input[0])
+        cout, cin = w.shape
+        if dims is None or not decide(cin, cout, dims[0], dims[1], alpha):
+            result.kept += 1
+            continue
+        base = node.name or node.output[0]
+        packed = numpy_helper.from_array(pack_filter(w, block), f"{base}/pointwise_filter")
+        if len(node.input) > 2 and node.input[2]:
+            bias = node.input[2]
+        else:
+            bias = f"{base}/pointwise_bias"
+            new_inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), bias))
+        new_inits.append(packed)
+        new = helper.make_node(OP, [node.input[0], packed.name, bias], [fold.output[0]], name=f"{base}/pointwise",
+                               domain=DOMAIN, block=block, activation="quick_gelu", alpha=alpha)
+        new.doc_string = f"ortfuse layout: {base} with its QuickGelu on NCHWc blocks"
+        replaced_nodes.record(new, [node, fold])
+        g.replace(node, new)  # ORT's blocked filter goes too when nothing else reads it
+        g.drop(fold)
+        result.replaced += 1
+    g.add_initializer(*new_inits)
+    g.commit()
+    return result
+
+
+def _pair_models(cin: int, cout: int, h: int, w: int, block: int, alpha: float) -> tuple[bytes, bytes]:
+    """One 1x1 conv with its QuickGelu, as ORT's blocked Conv -> QuickGelu and as the native op,
+    reading and writing blocked tensors directly (the model's own input and output: no reorders,
+    as inside a region, where both forms read and write blocks; a reorder's time, the same in
+    both, would only dilute the ratio)."""
+    rng = np.random.default_rng(0)
+    wt = (rng.standard_normal((cout, cin)) / np.sqrt(cin)).astype(np.float32)
+    wb = np.ascontiguousarray(wt.reshape(cout // block, block, cin // block, block).transpose(0, 2, 3, 1))
+    inits = [numpy_helper.from_array(wb.reshape(cout, cin, 1, 1), "wb"),
+             numpy_helper.from_array(pack_filter(wt, block), "p"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    io = ([helper.make_tensor_value_info("xb", onnx.TensorProto.FLOAT, [1, cin, h, w])],
+          [helper.make_tensor_value_info("yb", onnx.TensorProto.FLOAT, [1, cout, h, w])])
+    ort_nodes = [helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC),
+                 helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=alpha)]
+    nat_nodes = [helper.make_node(OP, ["xb", "p", "b"], ["yb"], domain=DOMAIN, block=block,
+                                  activation="quick_gelu", alpha=alpha)]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
+              helper.make_opsetid("com.microsoft", 1)]
+    out = []
+    for nodes, used in ((ort_nodes, {"wb", "b"}), (nat_nodes, {"p", "b"})):
+        graph = helper.make_graph(nodes, "pointwise_probe", *io, [t for t in inits if t.name in used])
+        out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    return out[0], out[1]
+
+
+@functools.lru_cache(maxsize=256)
+def measured_faster(cin: int, cout: int, h: int, w: int, alpha: float, block: int, threads: int,
+                    cold: bool = False) -> bool:
+    """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
+    conv of this shape on blocks (``op_timing.native_faster``; ``cold``: caches flushed)."""
+    stock, native = _pair_models(cin, cout, h, w, block, alpha)
+    return op_timing.native_faster(stock, native, frozenset({OP}), {"xb": (1, cin, h, w)}, threads, MARGIN,
+                                   cold=cold)
+
+
+def decider(block: int, threads: int, cold: bool = False) -> Callable[[int, int, int, int, float], bool]:
+    """The ``decide(cin, cout, h, w, alpha)`` of ``run_pointwise`` for this process's mode."""
+    if mode() == "on":
+        return lambda *shape: True
+    return lambda cin, cout, h, w, alpha: measured_faster(cin, cout, h, w, alpha, block, threads, cold)
