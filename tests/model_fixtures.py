@@ -36,6 +36,22 @@ def disable_all_outputs(model, feeds: dict) -> list:
     return onnxruntime.InferenceSession(source, so).run(None, feeds)
 
 
+def stock_conv_act(x: np.ndarray, w: np.ndarray, b: np.ndarray, act: str, **conv_attrs) -> np.ndarray:
+    """Conv(x, w, b; conv_attrs) then ``act`` ("" none, "relu", "quick_gelu": SiLU written as
+    Sigmoid -> Mul) in stock ORT at ORT_DISABLE_ALL, plain layout."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **conv_attrs)]
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif act == "quick_gelu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return disable_all_outputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0]
+
+
 def _model(nodes, inputs, outputs, initializers=(), opset=OPSET, name="g") -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortfuse-tests")

@@ -18,7 +18,7 @@ from ortfuse.custom_ops.kernels.conv_filters import transform_filter
 from ortfuse.layout import winograd
 from ortfuse.layout.probe import block_size
 
-from model_fixtures import disable_all_outputs, fan_in_weights
+from model_fixtures import disable_all_outputs, fan_in_weights, stock_conv_act
 
 OP = winograd.OP
 TOL = 1e-4
@@ -87,30 +87,12 @@ def test_residual_of_another_shape_is_an_ort_error(r_shape):
         _session(8, "relu", residual=True).run(None, feeds)
 
 
-def _stock(x, wt, b, act: str):
-    """Conv (+Relu / +Sigmoid*Mul) in stock ORT at ORT_DISABLE_ALL, plain layout."""
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
-    if act == "relu":
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    elif act == "quick_gelu":
-        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
-    else:
-        nodes[0].output[0] = "y"
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b")])
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
-
-
 @pytest.mark.parametrize("act", ["", "relu", "quick_gelu"])
 def test_kernel_matches_stock_ort(act):
     x, wt, b = _data(1, 64, 80, 20, 20, seed=3)
     y = _session(8, act, 1.0 if act == "quick_gelu" else None).run(
         None, {"x": to_blocked(x, 8), "u": transform_filter(wt), "b": b})[0]
-    assert _close(from_blocked(y, 8), _stock(x, wt, b, act)) <= TOL
+    assert _close(from_blocked(y, 8), stock_conv_act(x, wt, b, act, pads=[1, 1, 1, 1])) <= TOL
 
 
 @pytest.mark.parametrize("block, x_shape, u_shape, b_shape, text", [

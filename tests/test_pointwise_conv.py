@@ -10,14 +10,14 @@ import onnx
 import onnxruntime
 import pytest
 from native_sessions import from_blocked, native_options, one_op_session, to_blocked
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import ortfuse
 from ortfuse.custom_ops.kernels.pointwise_ref import pack_filter
 from ortfuse.layout import pointwise
 from ortfuse.layout.probe import block_size
 
-from model_fixtures import disable_all_outputs, fan_in_weights
+from model_fixtures import disable_all_outputs, fan_in_weights, stock_conv_act
 
 OP = pointwise.OP
 TOL = 1e-4
@@ -77,31 +77,13 @@ def test_pack_filter_orders_panels_of_two_blocks():
     assert np.array_equal(last[5, 0], wt[2 * block:, 5])
 
 
-def _stock(x, wt, b, act: str):
-    """Conv 1x1 (+Relu / +Sigmoid*Mul) in stock ORT at ORT_DISABLE_ALL, plain layout."""
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
-    if act == "relu":
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    elif act == "quick_gelu":
-        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
-    else:
-        nodes[0].output[0] = "y"
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(wt[:, :, None, None], "w"), numpy_helper.from_array(b, "b")])
-    so = onnxruntime.SessionOptions()
-    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnxruntime.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
-
-
 @pytest.mark.parametrize("act", ["", "relu", "quick_gelu"])
 @pytest.mark.parametrize("block", [8, 16])
 def test_kernel_matches_stock_ort(act, block):
     x, wt, b = _data(1, 64, 80, 20, 20, seed=3)
     y = _session(block, act, 1.0 if act == "quick_gelu" else None).run(
         None, {"x": to_blocked(x, block), "p": pack_filter(wt, block), "b": b})[0]
-    assert _close(from_blocked(y, block), _stock(x, wt, b, act)) <= TOL
+    assert _close(from_blocked(y, block), stock_conv_act(x, wt[:, :, None, None], b, act)) <= TOL
 
 
 @pytest.mark.parametrize("block, x_shape, p_shape, b_shape, text", [
