@@ -2,9 +2,9 @@
 transformer blocking the convolutional regions), then the ops ORT left between reorder pairs run
 blocked by ortfuse: squeeze-excite scales (``blocked_scale``), then the regions of layout-agnostic
 ops (``regions``: elementwise ops, channel Concat/Split, nearest Resize), then 3x3 convs as native
-Winograd kernels, 1x1 convs with their QuickGelu as one native op and stride-2 ConvTransposes read
-from blocks where they measure faster here (``winograd``, ``pointwise``, ``deconv``), then
-squeeze-excite blocks as one native op (``se_block``) and depthwise convs as native kernels where
+Winograd kernels and stride-2 ConvTransposes read from blocks where they measure faster here
+(``winograd``, ``deconv``), then squeeze-excite blocks as one native op (``se_block``), 1x1 convs
+with their QuickGelu as one native op (``pointwise``) and depthwise convs as native kernels where
 they do (``depthwise``). All of that is done twice when some conv's
 channels are off the block: on the fused model and on it with those channels padded to whole blocks
 (``channel_padding``), and the padded form is kept where the two whole graphs time it faster. What
@@ -175,8 +175,8 @@ def _blocked(data: bytes, fused: onnx.ModelProto, shape, block: int, native_ops:
 
 def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None) -> None:
     """The rewrites timed op by op on this machine, applied to ``chosen`` (its graph, native ops, summaries
-    and failures updated): Winograd 3x3 convs, 1x1 convs with their QuickGelu, stride-2 ConvTransposes,
-    squeeze-excite blocks as one op, depthwise convs. Run on the form the plan keeps only: their probes
+    and failures updated): Winograd 3x3 convs, stride-2 ConvTransposes, squeeze-excite blocks as one op,
+    1x1 convs with their QuickGelu, depthwise convs. Run on the form the plan keeps only: their probes
     are the costly part of planning.
     ``served``: the shapes at the dims the session serves (``_served_shape``), which the probes are
     timed at; the rewrites' legality is proved on ``shape`` alone."""
@@ -188,11 +188,6 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
     except Exception as exc:  # never worse than the plan without them
         wino, failed = winograd.WinogradResult(), failed + f"; convs left to ORT ({type(exc).__name__}: {exc})"
     try:
-        pw = pointwise.run_pointwise(optimized.graph, winograd.spatial_dims(optimized.graph, sized), block,
-                                     pointwise.decider(block, threads, cold))
-    except Exception as exc:  # never worse than the plan without them
-        pw, failed = pointwise.PointwiseResult(), failed + f"; 1x1 convs left to ORT ({type(exc).__name__}: {exc})"
-    try:
         hw = winograd.spatial_dims(optimized.graph, sized)
         up = deconv.run_deconv(optimized.graph, hw, block, deconv.decider(block, threads, cold))
     except Exception as exc:  # never worse than the plan without them
@@ -201,6 +196,11 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
         se = se_block.run_se_blocks(optimized.graph, shape, block, se_block.decider(block, threads, cold), served)
     except Exception as exc:  # never worse than the plan without them
         se, failed = se_block.SEResult(), failed + f"; squeeze-excite blocks left to ORT ({type(exc).__name__}: {exc})"
+    try:  # after the SE blocks: an SE's first FC with its SiLU goes with the whole SE where that wins
+        pw = pointwise.run_pointwise(optimized.graph, winograd.spatial_dims(optimized.graph, sized), block,
+                                     pointwise.decider(block, threads, cold))
+    except Exception as exc:  # never worse than the plan without them
+        pw, failed = pointwise.PointwiseResult(), failed + f"; 1x1 convs left to ORT ({type(exc).__name__}: {exc})"
     try:
         dw = depthwise.run_depthwise(optimized.graph, winograd.spatial_dims(optimized.graph, sized), block,
                                      depthwise.decider(block, threads, cold))
@@ -208,9 +208,9 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
         dw = depthwise.DepthwiseResult()
         failed += f"; depthwise convs left to ORT ({type(exc).__name__}: {exc})"
     chosen.done += [wino.summary()] if wino.replaced else []
-    chosen.done += [pw.summary()] if pw.replaced else []
     chosen.done += [up.summary()] if up.replaced else []
     chosen.done += [se.summary()] if se.summary() else []
+    chosen.done += [pw.summary()] if pw.replaced else []
     chosen.done += [dw.summary()] if dw.summary() else []
     chosen.native = (chosen.native | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
                      | frozenset({depthwise.OP} if dw.replaced else set())
