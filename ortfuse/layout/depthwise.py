@@ -46,7 +46,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -122,10 +121,7 @@ class DepthwiseResult:
 
 
 def mode() -> str:
-    value = os.environ.get(ENV, "").strip().lower()
-    if not value:
-        return winograd.mode()
-    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+    return winograd.switch(ENV, winograd.mode())
 
 
 def _activation(node: onnx.NodeProto) -> tuple[str, float, float] | None:

@@ -21,7 +21,6 @@ default). A conv whose input dims are unknown is left to ORT.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ from ortfuse.custom_ops.kernels.pointwise_ref import pack_filter
 from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
-from ortfuse.layout import op_timing, replaced_nodes
+from ortfuse.layout import op_timing, replaced_nodes, winograd
 from ortfuse.layout.winograd import MARGIN, NCHWC, QUICK_GELU_ALPHA, unblock_filter
 
 OP = "FusedPointwiseConvBlocked"  # custom_ops/native/ops/pointwise_conv.py
@@ -53,8 +52,7 @@ class PointwiseResult:
 
 
 def mode() -> str:
-    value = os.environ.get(ENV, "measure").strip().lower()
-    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+    return winograd.switch(ENV)
 
 
 def _candidate(node: onnx.NodeProto, inits: dict, block: int) -> np.ndarray | None:

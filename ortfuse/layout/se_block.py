@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,7 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
 from ortfuse.ir.links import is_op
-from ortfuse.layout import op_timing, replaced_nodes
+from ortfuse.layout import op_timing, replaced_nodes, winograd
 from ortfuse.layout.winograd import spatial_dims
 
 NCHWC = "com.microsoft.nchwc"
@@ -89,8 +88,7 @@ class SEResult:
 
 
 def mode() -> str:
-    value = os.environ.get(ENV, "measure").strip().lower()
-    return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+    return winograd.switch(ENV)
 
 
 @dataclass

@@ -74,9 +74,17 @@ class WinogradResult:
             f"; {self.kept} left to ORT" if self.kept else "")
 
 
-def mode() -> str:
-    value = os.environ.get(ENV, "measure").strip().lower()
+def switch(env: str, default: str = "measure") -> str:
+    """An off | on | measure switch read from the environment variable ``env`` (0/false/no: off,
+    1/true/yes: on), ``default`` when it is unset or empty."""
+    value = os.environ.get(env, "").strip().lower()
+    if not value:
+        return default
     return {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(value, value)
+
+
+def mode() -> str:
+    return switch(ENV)
 
 
 def unblock_filter(wb: np.ndarray, block: int) -> np.ndarray:
