@@ -11,9 +11,9 @@ input blocked). ORT runs its other epilogues (Relu, Clip, HardSigmoid, HardSwish
 blocked Conv, so only the QuickGelu is a pass to save. P is made here once from ORT's blocked filter
 (``kernels.pointwise_ref.pack_filter``).
 
-Which form runs is decided per machine and conv shape (Cin, Cout, H, W, alpha) as for ``winograd``:
-both timed on blocks without reorders (``_pair_models``; ``op_timing.native_faster``), the native
-form taken only when it beats ``winograd.MARGIN`` times ORT's in every repeat (results kept per
+Which form runs is decided per machine and conv shape (Cin, Cout, H, W, alpha) as for ``winograd``,
+but timed on blocks without the reorders (``_pair_models``; ``op_timing.native_faster``): the native
+form is taken only when it beats ``winograd.MARGIN`` times ORT's in every repeat (results kept per
 machine, ``layout.choice_cache``). ``ORTFUSE_POINTWISE`` = off (never) | on (always, no timing) | measure (the
 default). A conv whose input dims are unknown is left to ORT.
 """

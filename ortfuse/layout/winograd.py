@@ -20,9 +20,9 @@ U (the filter in the Winograd domain) is made here once from ORT's blocked filte
 [Cout/b, Cin/b, 3, 3, b (input channel), b (output channel)].
 
 Which form runs is decided per machine and conv shape (Cin, Cout, H, W, epilogue, residual): both are timed in
-a one-conv model that reads and writes blocks (``_pair_models``: no reorders, as inside a region;
-``op_timing.native_faster``), at the session's thread count, and the native form is taken only when
-it beats ``MARGIN`` times ORT's in every repeat (results kept per machine, ``layout.choice_cache``).
+a one-conv model between reorders (``op_timing.native_faster``), at the session's thread count, and
+the native form is taken only when it beats ``MARGIN`` times ORT's in every repeat (results kept
+per machine, ``layout.choice_cache``).
 ``ORTFUSE_WINOGRAD`` = off (never) | on (always, no timing) | measure (the default). H and W are
 those ``spatial_dims`` finds for the conv's input, at the dims the session serves where
 ``ortfuse.tune_dims`` names them (the kernel takes any H and W; only the choice is made at these);
@@ -250,34 +250,36 @@ def run_winograd(graph: onnx.GraphProto, shape: Callable[[str], list | None], bl
 
 def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alpha: float,
                  residual: bool = False) -> tuple[bytes, bytes]:
-    """One conv as ORT's blocked Conv (+QuickGelu) (+Add of a second blocked input) and as the native
-    op, reading and writing blocked tensors directly (no reorders: inside a region neither form has
-    them, and a reorder's time, the same in both, would only dilute the ratio)."""
+    """One conv between reorders, as ORT's blocked Conv (+QuickGelu) (+Add of a second blocked input)
+    and as the native op."""
     rng = np.random.default_rng(0)
     wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
     wb = np.ascontiguousarray(wt.reshape(cout // block, block, cin // block, block, 3, 3).transpose(0, 2, 4, 5, 3, 1))
     inits = [numpy_helper.from_array(wb.reshape(cout, cin, 3, 3), "wb"),
              numpy_helper.from_array(transform_filter(wt), "u"),
              numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
-    ins = [helper.make_tensor_value_info("xb", onnx.TensorProto.FLOAT, [1, cin, h, w])]
-    ins += [helper.make_tensor_value_info("rb", onnx.TensorProto.FLOAT, [1, cout, h, w])] if residual else []
-    io = (ins, [helper.make_tensor_value_info("yb", onnx.TensorProto.FLOAT, [1, cout, h, w])])
+    ins = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, cin, h, w])]
+    ins += [helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, cout, h, w])] if residual else []
+    io = (ins, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, cout, h, w])])
     conv_attrs: dict[str, Any] = {"pads": [1, 1, 1, 1], **({"activation": "Relu"} if act == "relu" else {})}
-    ort_nodes = [helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC, **conv_attrs)]
+    first = [helper.make_node("ReorderInput", ["x"], ["xb"], domain=NCHWC)]
+    first += [helper.make_node("ReorderInput", ["r"], ["rb"], domain=NCHWC)] if residual else []
+    ort_nodes = [*first, helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC, **conv_attrs)]
     if act == "quick_gelu":
         ort_nodes.append(helper.make_node("QuickGelu", ["cb"], ["qb"], domain="com.microsoft", alpha=alpha))
     if residual:
         ort_nodes.append(helper.make_node("Add", [ort_nodes[-1].output[0], "rb"], ["ab"]))
     ort_nodes[-1].output[0] = "yb"
+    last = helper.make_node("ReorderOutput", ["yb"], ["y"], domain=NCHWC, channels=cout)
     attrs: dict[str, Any] = {"block": block, **({"activation": act} if act else {}),
                              **({"alpha": alpha} if act == "quick_gelu" else {})}
-    nat_nodes = [helper.make_node(OP_ADD if residual else OP, ["xb", "u", "b"] + (["rb"] if residual else []),
-                                  ["yb"], domain=DOMAIN, **attrs)]
+    nat_nodes = [*first, helper.make_node(OP_ADD if residual else OP, ["xb", "u", "b"] + (["rb"] if residual else []),
+                                          ["yb"], domain=DOMAIN, **attrs)]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
               helper.make_opsetid("com.microsoft", 1)]
     out = []
     for nodes, used in ((ort_nodes, {"wb", "b"}), (nat_nodes, {"u", "b"})):
-        graph = helper.make_graph(nodes, "winograd_probe", *io, [t for t in inits if t.name in used])
+        graph = helper.make_graph([*nodes, last], "winograd_probe", *io, [t for t in inits if t.name in used])
         out.append(helper.make_model(graph, opset_imports=opsets).SerializeToString())
     return out[0], out[1]
 
@@ -286,10 +288,10 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, act: str, alph
 def measured_faster(cin: int, cout: int, h: int, w: int, act: str, alpha: float, block: int, threads: int,
                     residual: bool = False, cold: bool = False) -> bool:
     """Whether the native form beats MARGIN times ORT's time in every repeat on this machine, for one
-    conv of this shape (with its residual Add) on blocks (``op_timing.native_faster``; ``cold``: timed
-    with the caches flushed)."""
+    conv of this shape (with its residual Add) between reorders (``op_timing.native_faster``; ``cold``:
+    timed with the caches flushed)."""
     stock, native = _pair_models(cin, cout, h, w, block, act, alpha, residual)
-    feeds = {"xb": (1, cin, h, w), **({"rb": (1, cout, h, w)} if residual else {})}
+    feeds = {"x": (1, cin, h, w), **({"r": (1, cout, h, w)} if residual else {})}
     return op_timing.native_faster(stock, native, frozenset({OP_ADD if residual else OP}), feeds, threads, MARGIN,
                                  cold=cold)
 
