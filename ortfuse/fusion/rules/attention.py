@@ -195,12 +195,17 @@ def core_reference(qkv, bias, mask, num_heads: int, scale: float, **_):
     return (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, num_heads * size).astype(np.float32)
 
 
+def zero_nans(x, **_):
+    """x with every NaN entry +0 (Where(IsNaN(x), 0, x))."""
+    return np.where(np.isnan(x), np.float32(0.0), x)
+
+
 def reference(x, w, b, mask, num_heads: int, scale: float, nan_to_zero: int = 0, **_):
     """softmax(Q K^T * scale + mask) V per head, heads merged; Q|K|V = x @ w + b, in float64; with
     ``nan_to_zero`` the NaN entries (rows whose every key the mask sets to -inf) are 0."""
     with np.errstate(invalid="ignore"):
         out = core_reference(x.astype(np.float64) @ w.astype(np.float64), b, mask, num_heads, scale)
-    return np.where(np.isnan(out), np.float32(0.0), out) if nan_to_zero else out
+    return zero_nans(out) if nan_to_zero else out
 
 
 # FusedAttention(X[B, S, D], W[D, 3D], B[3D], M[B|1, H|1, S|1, S]; num_heads, scale, key_padding_mask,
@@ -216,13 +221,8 @@ SPEC = OpSpec("FusedAttention", ID, ("X", "W", "B", "M"),
 CORE_SPEC = OpSpec(CORE_OP, ID, ("QKV", "Bias", "M"), {"num_heads": int, "scale": float}, core_reference)
 
 
-def nan_to_zero(x, **_):
-    """x with every NaN entry +0 (Where(IsNaN(x), 0, x))."""
-    return np.where(np.isnan(x), np.float32(0.0), x)
-
-
 # FusedNanToZero(X) = Where(IsNaN(X), 0, X): the guard of the forms, one native pass where it exists.
-GUARD_SPEC = OpSpec(GUARD_OP, ID, ("X",), {}, nan_to_zero)
+GUARD_SPEC = OpSpec(GUARD_OP, ID, ("X",), {}, zero_nans)
 
 
 # ------------------------------------------------------------------------------------------------
