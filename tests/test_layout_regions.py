@@ -1,8 +1,8 @@
 """Blocked regions (ortfuse.layout.regions): the native FusedEltwiseChainBlocked kernel on NCHWc data
-with per-channel operands, and the rewrite that runs elementwise ops, channel Split/Concat and
-nearest Resize on ORT's blocked tensors. Numerics: the blocked chain kernel equals the plain chain
-kernel bit for bit (the same float32 steps); whole models against stock ORT at ORT_DISABLE_ALL within
-1e-4 * max(1, max|ref|) (BN folding changes float32 rounding)."""
+with per-channel operands, and the rewrite that runs elementwise ops, channel Split/Concat, nearest
+Resize, global pools and squeeze-excite scales on ORT's blocked tensors. Numerics: the blocked chain
+kernel equals the plain chain kernel bit for bit (the same float32 steps); whole models against
+stock ORT at ORT_DISABLE_ALL within 1e-4 * max(1, max|ref|) (BN folding changes float32 rounding)."""
 
 from __future__ import annotations
 
@@ -187,6 +187,73 @@ def test_channels_off_the_block_keep_their_reorders_and_the_outputs():
     ops = {n.op_type for n in layout.model.graph.node}
     assert not any(op.startswith(regions.BLOCKED_CHAIN) for op in ops) and "Split" in ops, sorted(ops)
     assert _close(_run(layout, native, _feeds(2)), _reference(model, _feeds(2)))
+
+
+def lcnet_model(channels: int = 32) -> onnx.ModelProto:
+    """PP-LCNetV3's squeeze-excite after a learnable affine and the SVTR neck's Reshape of computed
+    shape, as the PP-OCRv4 recognizer has them: Conv+HardSwish -> x * k + b (ortfuse's native chain,
+    so ORT's transformer leaves the pool and the scale after it plain) -> GlobalAveragePool ->
+    Conv+Relu -> Conv -> HardSigmoid -> Mul(x, s) -> Conv; its output reshaped to its own shape through
+    Compress(Shape) (shape inference loses even the rank) -> Conv+HardSwish -> x * k + b -> Concat with
+    the SE's output -> Conv."""
+    rng = np.random.default_rng(5)
+    reduced = channels // 4
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    def affine(x, tag):
+        return [helper.make_node("Conv", [x, f"w{tag}"], [f"c{tag}"], name=f"conv{tag}", pads=[1, 1, 1, 1]),
+                helper.make_node("HardSwish", [f"c{tag}"], [f"h{tag}"], name=f"hswish{tag}"),
+                helper.make_node("Mul", [f"h{tag}", "k"], [f"m{tag}"], name=f"scale{tag}"),
+                helper.make_node("Add", [f"m{tag}", "b"], [f"a{tag}"], name=f"bias{tag}")]
+
+    inits = [w("w0", channels, IN_CHANNELS, 3, 3), w("w1", reduced, channels, 1, 1), w("w2", channels, reduced, 1, 1),
+             w("w3", channels, channels, 3, 3), w("w4", channels, channels, 3, 3), w("w5", 16, 2 * channels, 1, 1),
+             numpy_helper.from_array(np.array(0.9, np.float32), "k"),
+             numpy_helper.from_array(np.array(0.1, np.float32), "b"),
+             numpy_helper.from_array(np.ones(4, bool), "every")]
+    nodes = [*affine("x", "0"),
+             helper.make_node("GlobalAveragePool", ["a0"], ["p"], name="gap"),
+             helper.make_node("Conv", ["p", "w1"], ["f1"], name="fc1"),
+             helper.make_node("Relu", ["f1"], ["r1"], name="fc1_relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["f2"], name="fc2"),
+             helper.make_node("HardSigmoid", ["f2"], ["s"], name="gate", alpha=0.2, beta=0.5),
+             helper.make_node("Mul", ["a0", "s"], ["se"], name="se_scale"),
+             helper.make_node("Conv", ["se", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["c3"], ["dims"], name="dims"),
+             helper.make_node("Compress", ["dims", "every"], ["target"], name="target", axis=0),
+             helper.make_node("Reshape", ["c3", "target"], ["r3"], name="reshape"),
+             *affine("r3", "4"),
+             helper.make_node("Concat", ["se", "a4"], ["cat"], name="cat", axis=1),
+             helper.make_node("Conv", ["cat", "w5"], ["y"], name="project")]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", IN_CHANNELS, 10, 10])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 16, 10, 10])
+    return helper.make_model(helper.make_graph(nodes, "lcnet", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nchwc
+def test_an_se_after_a_native_chain_and_a_concat_of_lost_dims_run_on_blocks(monkeypatch):
+    """ORT's transformer blocks a GlobalAveragePool only when a blocked op wrote its input: after
+    ortfuse's chain it left the pool, the SE scale and their reorders plain. The regions run the
+    chain, the pool (ORT's blocked one), the scale (FusedChannelScaleBlocked) and the Concat of a
+    tensor whose dims shape inference lost (known by its reorder's channel count) on blocks."""
+    monkeypatch.setenv("ORTFUSE_SE_BLOCK", "off")  # keep ORT's SE form: the test is about the regions
+    model = lcnet_model()
+    assert planner.GraphIndex(model).shape("c4") is None  # the premise: dims lost after the Reshape
+    layout, why_not, native = _planned(model)
+    assert layout is not None, why_not
+    graph = layout.model.graph
+    ops = {(n.domain, n.op_type) for n in graph.node}
+    assert (regions.NCHWC, "GlobalAveragePool") in ops and ("", "GlobalAveragePool") not in ops, sorted(ops)
+    assert blocked_scale.OP in layout.native_ops and ("", "Mul") not in ops, sorted(ops)
+    producer = {o: n for n in graph.node for o in n.output}
+    cat = next(n for n in graph.node if n.op_type == "Concat")
+    assert not any(producer[t].op_type == "ReorderOutput" for t in cat.input), [producer[t] for t in cat.input]
+    assert "2 FusedEltwiseChain" in layout.note and "1 Concat" in layout.note, layout.note
+    for batch in (1, 2):
+        assert _close(_run(layout, native, _feeds(batch)), _reference(model, _feeds(batch)))
 
 
 @needs_nchwc

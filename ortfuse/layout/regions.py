@@ -14,13 +14,19 @@ not care about the layout, provided every channel count involved is a multiple o
 * ``Concat`` and ``Split`` on the channel axis: on [N, C, H, W] with memory [N, C/b, H, W, b] they
   are the same copy of per-image runs of C*H*W values, whatever the layout;
 * ``Resize`` (nearest, asymmetric, floor, constant integer scales on H and W) becomes ORT's blocked
-  ``com.microsoft.nchwc:Upsample``, which ORT's own transformer makes of such a Resize.
+  ``com.microsoft.nchwc:Upsample``, which ORT's own transformer makes of such a Resize;
+* ``GlobalAveragePool`` and ``GlobalMaxPool`` become ORT's blocked ones, which its transformer makes
+  only of a pool whose input a blocked op wrote (not of one after ortfuse's elementwise op);
+* a squeeze-excite scale ``x * s`` (x [N, C, H, W], s [N, C, 1, 1]) becomes ortfuse's
+  ``FusedChannelScaleBlocked`` (``blocked_scale``), where both were moved onto blocks.
 
 Ops that qualify are grouped into regions (connected through the tensors they share, a reorder's
 output read by several of them included); a region is rewritten only when it removes more reorders
 than it adds (a ``ReorderOutput`` for each of its outputs that a plain op or the graph still reads).
 ``shape`` gives a tensor's dims in the graph before ORT optimized it (tensors around reorders keep
-their names). The graph is rewritten in place and left in topological order.
+their names); a ``ReorderOutput``'s output whose dims shape inference lost (after a Reshape of
+computed shape) has rank 4 and the reorder's channel count, its other dims a symbol of that tensor
+alone, equal to no other tensor's. The graph is rewritten in place and left in topological order.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from ortfuse.custom_ops.specs import DOMAIN, MAX_CHAIN_OPERANDS
 from ortfuse.fusion.rulekit.checks import attr
 from ortfuse.ir.editing import GraphEdit
 from ortfuse.ir.links import GraphLinks
+from ortfuse.layout.blocked_scale import OP as SCALE
+from ortfuse.layout.blocked_scale import scale_shapes
 
 NCHWC = "com.microsoft.nchwc"
 CHAIN, BLOCKED_CHAIN = "FusedEltwiseChain", "FusedEltwiseChainBlocked"
@@ -110,6 +118,8 @@ class _Graph(GraphEdit):
                 c = attr(n, "channels")
                 if c is not None and int(c) % block == 0:
                     self.twin[n.output[0]], self.channels[n.output[0]] = n.input[0], int(c)
+                    if self.dims(n.output[0]) is None:
+                        self.known[n.output[0]] = _own_symbols(n.output[0], shape(n.output[0]), int(c))
             elif _is_plain_reorder(n, "ReorderInput"):
                 c = self.dims(n.input[0])
                 if c is not None and c[1] % block == 0:
@@ -135,12 +145,22 @@ class _Graph(GraphEdit):
         return numpy_helper.to_array(self.initializers[name]) if name in self.initializers else None
 
 
+def _own_symbols(name: str, dims: list | None, channels: int) -> list:
+    """Rank-4 dims of the plain tensor ``name`` with ``channels``: the known ones kept, each other a
+    symbol naming this tensor and axis."""
+    dims = list(dims) if dims is not None and len(dims) == 4 else [None] * 4
+    dims[1] = channels
+    return [f"?{name}:{axis}" if d is None else d for axis, d in enumerate(dims)]
+
+
 def _blocked_node(node: onnx.NodeProto, g: _Graph) -> tuple[onnx.NodeProto, list[tuple[str, list]]] | None:
     """The node running ``node`` on blocked tensors and its plain outputs with their dims (derived
     from the inputs'), or None where it cannot."""
     key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
     if key in ELEMENTWISE:
-        return _elementwise(node, g)
+        return _elementwise(node, g) or (_channel_scale(node, g) if key == ("", "Mul") else None)
+    if key in (("", "GlobalAveragePool"), ("", "GlobalMaxPool")):
+        return _global_pool(node, g)
     if key == ("", "Concat"):
         return _concat(node, g)
     if key == ("", "Split"):
@@ -189,6 +209,27 @@ def _elementwise(node, g):
         attrs["block"] = g.block
         return _copy(node, inputs, BLOCKED_CHAIN + node.op_type[len(CHAIN):], DOMAIN, attrs), [(node.output[0], out)]
     return _copy(node, inputs), [(node.output[0], out)]
+
+
+def _channel_scale(node, g):
+    """x [N, C, H, W] * s [N, C, 1, 1], both with blocked twins: ``FusedChannelScaleBlocked(Xb, Sb)``."""
+    which = scale_shapes(node, g.dims) if all(t in g.twin for t in node.input) else 0
+    if not which:
+        return None
+    x, s = node.input if which == 1 else reversed(node.input)
+    dx, ds = g.dims(x), g.dims(s)
+    if dx is None or ds is None or dx[:2] != ds[:2] or dx[1] % g.block:
+        return None
+    return _copy(node, [g.twin[x], g.twin[s]], SCALE, DOMAIN, {"block": g.block}), [(node.output[0], dx)]
+
+
+def _global_pool(node, g):
+    """A global pool of a blocked tensor: ORT's blocked pool, output [N, C, 1, 1]."""
+    x = node.input[0]
+    d = g.dims(x)
+    if x not in g.twin or d is None or len(node.output) != 1:
+        return None
+    return _copy(node, [g.twin[x]], node.op_type, NCHWC, {}), [(node.output[0], d[:2] + [1, 1])]
 
 
 def _same(a: list | None, b: list) -> bool:
@@ -295,7 +336,7 @@ def run_blocked_regions(graph: onnx.GraphProto, shape: Callable[[str], list | No
         for i in accepted:
             new = planned[i][0]
             result.moved[new.op_type] += 1
-            if new.domain == DOMAIN and new.op_type.startswith(BLOCKED_CHAIN):
+            if new.domain == DOMAIN and (new.op_type.startswith(BLOCKED_CHAIN) or new.op_type == SCALE):
                 result.native_ops.add(new.op_type)
     return result
 
