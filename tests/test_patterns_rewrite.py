@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import ortfuse
 from ortfuse import fuse
@@ -362,3 +362,33 @@ def test_long_vectors_are_inferred_without_data_propagation(length, monkeypatch)
     want = stock.run(None, feeds)[0]
     got = ortfuse.InferenceSession(model, fusion=True, fusion_patterns=["add_relu"]).run(None, feeds)[0]
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_reshape_to_a_computed_target_of_known_length_keeps_its_rank():
+    """paddle2onnx flattens with Reshape(x, Concat(Slice(Shape(x), 0, 2), [-1])): onnx's inference
+    leaves that output without a shape (even its rank), and every reader after it; the index seeds
+    the rank the target's length says and infers again, so later ops are known to be rank 3 (the
+    attention rule needs [batch, seq, hidden]). A target of unknown length seeds nothing."""
+    from ortfuse.ir.graph import GraphIndex
+
+    def model(target_op: str):
+        inits = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("s0", 0), ("s2", 2), ("m1", -1))]
+        inits.append(numpy_helper.from_array(np.ones(3, bool), "every"))
+        last = [helper.make_node("Concat", ["lead", "m1"], ["t"], axis=0)] if target_op == "Concat" else \
+            [helper.make_node("Concat", ["lead", "m1"], ["t3"], axis=0),
+             helper.make_node("Compress", ["t3", "every"], ["t"], axis=0)]
+        nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+                 helper.make_node("Slice", ["sh", "s0", "s2", "s0"], ["lead"]), *last,
+                 helper.make_node("Reshape", ["x", "t"], ["flat"]),
+                 helper.make_node("Transpose", ["flat"], ["y"], perm=[0, 2, 1])]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "?", "w"])
+        graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+    plain = onnx.shape_inference.infer_shapes(model("Concat"), data_prop=True)
+    known = {vi.name: vi.type.tensor_type.HasField("shape") for vi in (*plain.graph.value_info, *plain.graph.output)}
+    assert known["flat"] is False and known["y"] is False, known  # the premise: onnx alone loses them
+    ix = GraphIndex(model("Concat"))
+    assert ix.shape("flat") == [None, None, None] and len(ix.shape("y")) == 3
+    unknown = GraphIndex(model("Compress"))
+    assert unknown.shape("flat") is None and unknown.shape("y") is None

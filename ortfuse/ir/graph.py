@@ -47,7 +47,49 @@ def infer_shapes_with_data(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     lengths = [vi.type.tensor_type.shape.dim[0].dim_value for vi in (*g.input, *g.output, *g.value_info)
                if vi.type.HasField("tensor_type") and len(vi.type.tensor_type.shape.dim) == 1]
-    return onnx.shape_inference.infer_shapes(model, data_prop=all(n <= DATA_PROP_MAX_VECTOR for n in lengths))
+    data_prop = all(n <= DATA_PROP_MAX_VECTOR for n in lengths)
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+    for _ in range(RANK_PASSES):
+        if not _seed_reshape_ranks(inferred.graph):
+            break
+        inferred = onnx.shape_inference.infer_shapes(inferred, data_prop=data_prop)
+    return inferred
+
+
+# passes of inference after seeding the ranks of Reshapes: each may give the next Reshape's target a
+# known length (a target built from the Shape of a tensor whose rank the previous pass found)
+RANK_PASSES = 8
+
+
+def _seed_reshape_ranks(graph: onnx.GraphProto) -> int:
+    """Give each Reshape output that inference left without a shape the rank its target's known
+    length says, every dim unknown (onnx's Reshape inference gives up on a target computed at run
+    time, even of known length: its readers then lose their ranks too). Returns how many."""
+    infos = {vi.name: vi for vi in (*graph.input, *graph.output, *graph.value_info)}
+    lengths = {t.name: list(t.dims) for t in graph.initializer}
+    for name, vi in infos.items():
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.HasField("shape"):
+            lengths.setdefault(name, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
+    seeded = 0
+    for n in graph.node:
+        if n.op_type != "Reshape" or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+            continue
+        target, out = lengths.get(n.input[1]), n.output[0]
+        if target is None or len(target) != 1 or not target[0]:
+            continue
+        vi = infos.get(out)
+        if vi is not None and vi.type.tensor_type.HasField("shape"):
+            continue
+        if vi is None:
+            vi = graph.value_info.add()
+            vi.name = out
+            infos[out] = vi
+        shape = vi.type.tensor_type.shape
+        for _ in range(target[0]):
+            shape.dim.add()
+        seeded += 1
+    return seeded
 
 
 class GraphIndex(GraphLinks):

@@ -5,7 +5,9 @@ None (not this piece), or a str naming why the piece cannot be fused.
 - ``projection``: ``x @ W [+ b]`` (Add in either order, or no bias), W a constant [D, D'];
 - ``heads``: ``Transpose(Reshape(t, target), [0, 2, 1, 3])``, the target [B, S, H, d] with H and d
   constants (one of them may be -1: D / d heads, or D / H per head) and B, S proven by ``Sizes``
-  (constants, copies, or dims read through Shape from a tensor of the same batch and sequence);
+  (constants, copies, or dims read through Shape from a tensor of the same batch and sequence, int
+  Casts between them taken through); or one part of a packed projection (``packed_heads``, ViT's
+  and SVTR's qkv Linear);
 - ``key_transposed``: K^T as Transpose([0, 1, 3, 2]) of the heads, Transpose([0, 2, 3, 1]) of the
   Reshape, or the heads' last two axes swapped through rank 3 (Reshape, Transpose, Reshape);
 - ``nan_guard``: ``Where(IsNaN(p), 0, p)`` after the Softmax (torch's SDPA export);
@@ -29,6 +31,7 @@ from ortfuse.ir.graph import GraphIndex
 
 SHAPE_OPS = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Constant", "Identity"}
 INTEGER_OR_BOOL = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
+INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 
 
 @dataclass
@@ -166,6 +169,7 @@ class Sizes:
 
     def _piece(self, tensor: str) -> list[Entry] | None:
         ix = self.ix
+        tensor = self._uncast(tensor)
         value = ix.const(tensor)
         if value is not None:
             return [int(v) for v in value.reshape(-1)]
@@ -185,7 +189,7 @@ class Sizes:
     def _shape_dims(self, tensor: str) -> list[Entry] | None:
         """Dims read from a Shape: Shape(t, start, end), Gather(Shape(t), const), Slice(Shape(t), ...)."""
         ix = self.ix
-        node = ix.producer.get(tensor)
+        node = ix.producer.get(self._uncast(tensor))
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
         if node.op_type == "Shape":
@@ -211,6 +215,15 @@ class Sizes:
         if starts is None or ends is None or axis not in (0, -1) or step != 1:
             return None
         return source[starts:ends]
+
+    def _uncast(self, tensor: str) -> str:
+        """The integer tensor behind Casts between int32 and int64 (paddle2onnx casts its shape
+        arithmetic to int32 and back; a tensor's dims fit int32's range)."""
+        while True:
+            cast = self.ix.parent(tensor, "Cast")
+            if cast is None or attr(cast, "to") not in INT_TYPES or self.ix.elem_type(cast.input[0]) not in INT_TYPES:
+                return tensor
+            tensor = cast.input[0]
 
     def reshape_problem(self, entries: list[Entry] | None, want: tuple[str, ...], source: tuple[str, ...],
                         allowzero: int) -> str:
@@ -261,7 +274,9 @@ def head_split(entries: list[Entry] | None, width: int) -> tuple[int, int] | str
 
 def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> Heads | str | None:
     """``tensor`` = Transpose(Reshape(projection, [B, S, H, d]), perm): H and d constants (one may be
-    -1), B and S proven (``Sizes``)."""
+    -1), B and S proven (``Sizes``); or, for [B, H, S, d], a part of a packed projection."""
+    if perm == (0, 2, 1, 3) and ix.parent(tensor, "Squeeze") is not None:
+        return packed_heads(ix, tensor)
     tr = ix.parent(tensor, "Transpose")
     if tr is None or tuple(attr(tr, "perm", ())) != perm:
         return None
@@ -283,6 +298,45 @@ def heads(ix: GraphIndex, tensor: str, perm: tuple[int, ...] = (0, 2, 1, 3)) -> 
     if problem:
         return f"the heads' Reshape is not provably [batch, seq, {split[0]}, {split[1]}]: {problem}"
     return Heads(proj, split[0], split[1], [rs, tr], [rs.input[1]])
+
+
+PACKED = (2, 0, 3, 1, 4)  # [B, S, 3, H, d] -> [3, B, H, S, d]
+
+
+def packed_heads(ix: GraphIndex, tensor: str) -> Heads | str | None:
+    """``tensor`` = Squeeze(Slice(T, [i], [i + 1], axis 0), axis 0), T = Transpose(Reshape(qkv, [B, S, 3,
+    H, d]), [2, 0, 3, 1, 4]), qkv = x @ W [+ b] with 3 H d columns (one Linear for Q, K and V, as ViT
+    and PP-OCR's SVTR write it): the heads of part i, whose projection is the i-th third of W's and
+    b's columns. H, d, B and S as ``heads`` proves them; the entry before H must be the constant 3."""
+    sq = ix.parent(tensor, "Squeeze")
+    sl = None if sq is None or _axes(ix, sq) != [0] else ix.parent(sq.input[0], "Slice")
+    if sq is None or sl is None:
+        return None
+    start, end, axis, step = [_one_int(ix, t) for t in sl.input[1:5]] + [None, None, 0, 1][len(sl.input) - 1:]
+    tr = ix.parent(sl.input[0], "Transpose")
+    if start is None or end != start + 1 or not 0 <= start < 3 or axis != 0 or step != 1 \
+            or tr is None or tuple(attr(tr, "perm", ())) != PACKED:
+        return None
+    rs = ix.parent(tr.input[0], "Reshape")
+    proj = None if rs is None else projection(ix, rs.input[0])
+    if rs is None or proj is None:
+        return None
+    width = proj.w.shape[1]
+    sizes = Sizes(ix, proj.x)
+    sizes.know(proj.output, HEADS_MERGED)
+    entries = sizes.entries(rs.input[1])
+    if entries is None or len(entries) != 5 or entries[2] != 3 or width % 3:
+        return "the packed projection's Reshape target is not [batch, seq, 3, heads, head size]"
+    split = head_split(entries[:2] + entries[3:], width // 3)
+    if isinstance(split, str):
+        return split
+    sizes.split(*split)
+    problem = sizes.reshape_problem(entries[:2] + entries[3:], SPLIT, HEADS_MERGED, attr(rs, "allowzero", 0))
+    if problem:
+        return f"the packed heads' Reshape is not provably [batch, seq, 3, {split[0]}, {split[1]}]: {problem}"
+    part = slice(start * (width // 3), (start + 1) * (width // 3))
+    third = Projection(proj.x, proj.w[:, part], proj.b[part], proj.nodes, proj.output)
+    return Heads(third, split[0], split[1], [rs, tr, sl, sq], [rs.input[1]])
 
 
 def key_transposed(ix: GraphIndex, tensor: str) -> Heads | str | None:

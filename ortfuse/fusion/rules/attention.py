@@ -1,7 +1,10 @@
-"""attention: multi-head scaled dot-product self-attention as torch's exporters write it, from the
-Q/K/V projections to the heads merged back, as one FusedAttention lowered to ORT's own contrib ops.
+"""attention: multi-head scaled dot-product self-attention as torch's exporters (and paddle2onnx, for
+ViT-style blocks) write it, from the Q/K/V projections to the heads merged back, as one FusedAttention
+lowered to ORT's own contrib ops.
 
-Matched (anchor: the Softmax): Q, K, V = x @ W + b (constant W, b; Add in either order); each
+Matched (anchor: the Softmax): Q, K, V = x @ W + b (constant W, b; Add in either order), or the
+three parts of one packed projection (Reshape to [B, S, 3, H, d], Transpose [2, 0, 3, 1, 4], Slice
+and Squeeze on axis 0: ViT, PP-OCR's SVTR); each
 Reshape to [.., .., heads, head size] (target constant or built from Shape nodes) and Transpose to
 [B, H, S, d]; K^T by Transpose; scores = Q K^T with the scale once (Div or Mul on the scores) or
 split over both sides (Mul on Q and on K^T, dynamo's SDPA); plus an additive mask, or none; Softmax
@@ -151,6 +154,7 @@ def match(ix: GraphIndex, anchor: onnx.NodeProto) -> Match | Reject | None:
     tail_nodes, output, out_targets = merged
     core = (q.nodes + q.proj.nodes + k.nodes + k.proj.nodes + v.nodes + v.proj.nodes + [mm] + scale_nodes
             + ([pre] if pre is not None else []) + [anchor] + guard + [out_mm] + tail_nodes)
+    core = list({id(n): n for n in core}.values())  # a packed projection is Q's, K's and V's
     nodes = core + shape_nodes(ix, [*q.targets, *k.targets, *v.targets, *out_targets], core)
     hidden = h * d
     problem = ""
@@ -521,6 +525,57 @@ def _sdpa_example(exporter: str = "torchscript", swap: bool = False, guard_fill:
     return model
 
 
+def _packed_example(three: int = 3) -> onnx.ModelProto:
+    """ViT-style attention as paddle2onnx writes PP-OCR's SVTR neck (opset 12): one Linear for Q, K
+    and V; Reshape to [0, S, 3, H, d] with S read as Slice(Cast(Shape(x), int32)) and every entry
+    Cast to int64; Transpose [2, 0, 3, 1, 4]; Q, K, V as Squeeze(Slice(.., axis 0)); the scale on Q;
+    K^T by Transpose; heads merged by Reshape to [0, S, D]. ``three``: the target's entry before H
+    (-1 is a valid Reshape the rule does not prove)."""
+    hidden, rng = H * D, np.random.default_rng(13)
+    inits = {"w": (rng.standard_normal((hidden, 3 * hidden)) * 0.5).astype(np.float32),
+             "b": (0.1 * rng.standard_normal(3 * hidden)).astype(np.float32),
+             "scale": np.float32(D ** -0.5), "zero": np.array([0], np.int32), "three": np.array([three], np.int32),
+             "h": np.array([H], np.int32), "d": np.array([D], np.int32), "width": np.array([hidden], np.int32),
+             "at1": np.array([1], np.int64), "at2": np.array([2], np.int64), "axis0": np.array([0], np.int64),
+             "step": np.array([1], np.int64)}
+    for i in range(4):
+        inits[f"i{i}"] = np.array([i], np.int64)
+
+    def cast(name: str, target: str) -> str:
+        nodes.append(helper.make_node("Cast", [name], [f"{target}_{name}"], to=TensorProto.INT64))
+        return f"{target}_{name}"
+
+    nodes = [helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("Cast", ["x_shape"], ["x_shape32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["x_shape32", "at1", "at2", "axis0", "step"], ["seq32"]),
+             helper.make_node("MatMul", ["x", "w"], ["qkv_mm"]),
+             helper.make_node("Add", ["qkv_mm", "b"], ["qkv"])]
+    split = [cast(t, "split") for t in ("zero", "seq32", "three", "h", "d")]
+    nodes += [helper.make_node("Concat", split, ["split_target"], axis=0),
+              helper.make_node("Reshape", ["qkv", "split_target"], ["qkv5"]),
+              helper.make_node("Transpose", ["qkv5"], ["parts"], perm=[2, 0, 3, 1, 4])]
+    for i, name in enumerate("qkv"):
+        nodes += [helper.make_node("Slice", ["parts", f"i{i}", f"i{i + 1}", "axis0", "step"], [f"{name}_1"]),
+                  helper.make_node("Squeeze", [f"{name}_1"], [f"{name}_h"], axes=[0])]
+    nodes += [helper.make_node("Mul", ["q_h", "scale"], ["q_s"]),
+              helper.make_node("Transpose", ["k_h"], ["k_t"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q_s", "k_t"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["probs"], axis=3),
+              helper.make_node("MatMul", ["probs", "v_h"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3])]
+    merge = [cast(t, "merge") for t in ("zero", "seq32", "width")]
+    nodes += [helper.make_node("Concat", merge, ["merge_target"], axis=0),
+              helper.make_node("Reshape", ["ctx_t", "merge_target"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "packed_attention_example", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], producer_name="ortfuse-rule-example")
+    model.ir_version = 7
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 RULE = PatternRule(
     anchor=Anchor("Softmax", onnx_only=True),
     id=ID, order=5, matcher=match, specs=(SPEC, CORE_SPEC, GUARD_SPEC), lowering=LOWERING,
@@ -538,6 +593,9 @@ RULE = PatternRule(
         Example("dynamo_sdpa_attention_key_through_rank3", lambda: _sdpa_example("dynamo")),
         Example("sdpa_batch_and_seq_swapped", lambda: _sdpa_example(swap=True, masked=False),
                 reason="entry 0 of its target (dim 1 of 'x') is not provably the batch"),
+        Example("vit_packed_qkv_attention", _packed_example),
+        Example("packed_qkv_three_as_minus_one", lambda: _packed_example(three=-1),
+                reason="the packed projection's Reshape target is not [batch, seq, 3, heads, head size]"),
         Example("sdpa_guard_fills_one", lambda: _sdpa_example(guard_fill=1.0),
                 reason="the attention probabilities are read by IsNaN, Where, not only by the MatMul with V"),
     ),
