@@ -204,3 +204,31 @@ def test_readme_profile_example_runs(capsys):
     out = capsys.readouterr().out
     headings = [ln for ln in block.splitlines()[1:] if re.match(r"^(configuration|time per op|hottest|saving)", ln)]
     assert headings and all(h.split("(")[0].split("  ")[0].strip() in out for h in headings)
+
+
+def test_the_fused_session_is_planned_at_the_profiled_sizes():
+    """A model declaring its height and width dynamic: the fused session gets the feeds' sizes in
+    ``ortfuse.tune_dims``, as ``ortfuse bench`` plans its sessions (the layout step times its native
+    convs there; without them it leaves them to ORT and the profile would show another plan than
+    the one served). A model of static shape gets no entry."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortfuse.foundation.session_options import DIMS_KEY
+    from ortfuse.profiling.run import _served
+
+    def model(dims):
+        w = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
+        graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    feeds = {"x": np.zeros((1, 3, 32, 48), np.float32)}
+    so = _served(onnxruntime.SessionOptions(), model(["n", 3, "height", "width"]), feeds)
+    assert dict(kv.split("=") for kv in so.get_session_config_entry(DIMS_KEY).split(",")) == \
+        {"n": "1", "height": "32", "width": "48"}
+    static = _served(onnxruntime.SessionOptions(), model([1, 3, 32, 48]), feeds)
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        static.get_session_config_entry(DIMS_KEY)

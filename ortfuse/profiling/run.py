@@ -38,6 +38,23 @@ def _options(level: str, prefix: str | None, threads: int = 0):
     return so
 
 
+def _served(so, model, feeds: dict[str, np.ndarray]):
+    """``so`` planned at the feeds' sizes (``ortfuse.tune_dims``), as ``ortfuse bench`` plans its
+    sessions: the layout step times its native convs at those sizes where the model declares dims
+    dynamic, so the profile shows the plan a session serving these inputs runs."""
+    from ortfuse.foundation.session_options import DIMS_KEY
+    from ortfuse.ir.feeds import FeedError, declared_inputs
+    from ortfuse.layout.served_sizes import dims_of
+
+    try:
+        named = dims_of(declared_inputs(model), {k: v.shape for k, v in feeds.items()})
+    except FeedError:
+        return so
+    if named:
+        so.add_session_config_entry(DIMS_KEY, named)
+    return so
+
+
 def _ort_optimized_graph(model_bytes: bytes, folder: str):
     """ORT's ENABLE_ALL graph of the model (node names as its profile shows them), or None."""
     import onnx
@@ -97,8 +114,8 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 1
     with tempfile.TemporaryDirectory(prefix="ortfuse-profile-") as tmp:
         sessions = {}
         sessions[FUSED] = ortfuse.InferenceSession(
-            data, _options("ORT_ENABLE_ALL", os.path.join(tmp, FUSED), threads), providers=CPU, fusion=True,
-            fusion_patterns=patterns)
+            data, _served(_options("ORT_ENABLE_ALL", os.path.join(tmp, FUSED), threads), model, feeds),
+            providers=CPU, fusion=True, fusion_patterns=patterns)
         sessions[ENABLE_ALL] = ort.InferenceSession(
             data, _options("ORT_ENABLE_ALL", os.path.join(tmp, ENABLE_ALL), threads), providers=CPU)
         if disable_all:
