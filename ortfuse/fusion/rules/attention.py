@@ -535,11 +535,8 @@ def _packed_example(three: int = 3) -> onnx.ModelProto:
     inits = {"w": (rng.standard_normal((hidden, 3 * hidden)) * 0.5).astype(np.float32),
              "b": (0.1 * rng.standard_normal(3 * hidden)).astype(np.float32),
              "scale": np.float32(D ** -0.5), "zero": np.array([0], np.int32), "three": np.array([three], np.int32),
-             "h": np.array([H], np.int32), "d": np.array([D], np.int32), "width": np.array([hidden], np.int32),
-             "at1": np.array([1], np.int64), "at2": np.array([2], np.int64), "axis0": np.array([0], np.int64),
-             "step": np.array([1], np.int64)}
-    for i in range(4):
-        inits[f"i{i}"] = np.array([i], np.int64)
+             "h": np.array([H], np.int32), "d": np.array([D], np.int32), "width": np.array([hidden], np.int32)}
+    inits |= {f"i{i}": np.array([i], np.int64) for i in range(4)}  # Slice starts, ends, axis 0 and step 1
 
     def cast(name: str, target: str) -> str:
         nodes.append(helper.make_node("Cast", [name], [f"{target}_{name}"], to=TensorProto.INT64))
@@ -547,7 +544,7 @@ def _packed_example(three: int = 3) -> onnx.ModelProto:
 
     nodes = [helper.make_node("Shape", ["x"], ["x_shape"]),
              helper.make_node("Cast", ["x_shape"], ["x_shape32"], to=TensorProto.INT32),
-             helper.make_node("Slice", ["x_shape32", "at1", "at2", "axis0", "step"], ["seq32"]),
+             helper.make_node("Slice", ["x_shape32", "i1", "i2", "i0", "i1"], ["seq32"]),
              helper.make_node("MatMul", ["x", "w"], ["qkv_mm"]),
              helper.make_node("Add", ["qkv_mm", "b"], ["qkv"])]
     split = [cast(t, "split") for t in ("zero", "seq32", "three", "h", "d")]
@@ -555,7 +552,7 @@ def _packed_example(three: int = 3) -> onnx.ModelProto:
               helper.make_node("Reshape", ["qkv", "split_target"], ["qkv5"]),
               helper.make_node("Transpose", ["qkv5"], ["parts"], perm=[2, 0, 3, 1, 4])]
     for i, name in enumerate("qkv"):
-        nodes += [helper.make_node("Slice", ["parts", f"i{i}", f"i{i + 1}", "axis0", "step"], [f"{name}_1"]),
+        nodes += [helper.make_node("Slice", ["parts", f"i{i}", f"i{i + 1}", "i0", "i1"], [f"{name}_1"]),
                   helper.make_node("Squeeze", [f"{name}_1"], [f"{name}_h"], axes=[0])]
     nodes += [helper.make_node("Mul", ["q_h", "scale"], ["q_s"]),
               helper.make_node("Transpose", ["k_h"], ["k_t"], perm=[0, 1, 3, 2]),
