@@ -10,11 +10,12 @@ import onnx
 import onnxruntime
 import pytest
 from native_sessions import from_blocked, native_options, one_op_session, to_blocked
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import ortfuse
 from ortfuse.custom_ops.kernels.pointwise_ref import pack_filter
-from ortfuse.layout import pointwise
+from ortfuse.fusion.provenance import native_op_types
+from ortfuse.layout import planner, pointwise
 from ortfuse.layout.probe import block_size
 
 from model_fixtures import disable_all_outputs, fan_in_weights, stock_conv_act
@@ -103,6 +104,43 @@ def test_kernel_refuses_other_shapes_with_an_ort_error(block, x_shape, p_shape, 
         _session(8).run(None, feeds)
 
 
+def _concat_session(block: int, inputs: int, act: str = "quick_gelu"):
+    attrs: dict = {"block": block, **({"activation": act, "alpha": 1.0} if act else {})}
+    return one_op_session(f"{pointwise.CONCAT_OP}{inputs}", [f"x{i}" for i in range(inputs)] + ["p", "b"], **attrs)
+
+
+# parts of one block, of several, odd block counts, tails of the 14/6-position tiles, batches
+CONCATS = [(8, 1, (8, 16), 24, 5, 7), (16, 2, (16, 32, 16), 48, 9, 11), (16, 1, (32, 16, 16, 48), 32, 1, 3),
+           (8, 1, (8,) * 6, 40, 13, 2), (16, 1, (64, 64), 64, 20, 20)]
+
+
+@pytest.mark.parametrize("block, n, parts, cout, h, w", CONCATS)
+@pytest.mark.parametrize("act", ["", "quick_gelu"])
+def test_kernel_reads_a_concatenation_where_its_inputs_are(block, n, parts, cout, h, w, act):
+    """FusedPointwiseConcatConvBlocked{K} equals the float64 conv of the inputs concatenated."""
+    rng = np.random.default_rng(sum(parts) + h)
+    xs = [rng.standard_normal((n, c, h, w)).astype(np.float32) for c in parts]
+    x, wt, b = _data(n, sum(parts), cout, h, w, seed=len(parts))
+    feeds = {f"x{i}": to_blocked(xi, block) for i, xi in enumerate(xs)} | {"p": pack_filter(wt, block), "b": b}
+    y = _concat_session(block, len(parts), act).run(None, feeds)[0]
+    assert y.shape == (n, cout, h, w)
+    assert _close(from_blocked(y, block), _reference(np.concatenate(xs, axis=1), wt, b, act)) <= TOL
+
+
+@pytest.mark.parametrize("shapes, p_cin, text", [
+    ([(1, 8, 4, 4), (1, 8, 4, 5)], 16, "batch, height and width of the first"),
+    ([(1, 8, 4, 4), (2, 8, 4, 4)], 16, "batch, height and width of the first"),
+    ([(1, 8, 4, 4), (1, 8, 4, 4)], 24, "Cin = X's channels"),
+    ([(1, 8, 4, 4), (1, 12, 4, 4)], 20, "divide every channel count"),
+    ([(1, 8, 4, 4), (8, 4, 4)], 16, "X must have rank 4"),
+])
+def test_concat_kernel_refuses_inputs_that_do_not_join(shapes, p_cin, text):
+    feeds = {f"x{i}": np.ones(s, np.float32) for i, s in enumerate(shapes)}
+    feeds |= {"p": np.ones((16, p_cin), np.float32), "b": np.ones(16, np.float32)}
+    with pytest.raises(InvalidArgument, match=text):
+        _concat_session(8, 2).run(None, feeds)
+
+
 def test_empty_batch_gives_an_empty_output():
     y = _session(8).run(None, {"x": np.ones((0, 16, 4, 4), np.float32), "p": np.ones((16, 16), np.float32),
                                "b": np.ones(16, np.float32)})[0]
@@ -130,6 +168,29 @@ def _silu_model(c: int = 32, size: int = 20, shared: bool = False) -> onnx.Model
                               [w("w0", c, 16, 1, 1), w("b0", c), w("w1", c, c, 1, 1), w("b1", c),
                                w("w2", 16, 2 * c, 1, 1)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _c2f_model(c: int = 32, shared: bool = False) -> onnx.ModelProto:
+    """YOLOv8's C2f join: Conv 1x1 + SiLU -> Split in two halves a, b -> Conv 1x1 + SiLU of b -> m;
+    Concat(a, b, m) -> Conv 1x1 + SiLU. ``shared``: the Concat is a graph output too."""
+    w = fan_in_weights(13)
+
+    def conv_silu(x: str, k: int) -> list:
+        return [helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"]),
+                helper.make_node("Sigmoid", [f"c{k}"], [f"s{k}"]),
+                helper.make_node("Mul", [f"c{k}", f"s{k}"], [f"m{k}"])]
+
+    nodes = [*conv_silu("x", 0), helper.make_node("Split", ["m0", "halves"], ["a", "b"], axis=1), *conv_silu("b", 1),
+             helper.make_node("Concat", ["a", "b", "m1"], ["cat"], axis=1), *conv_silu("cat", 2)]
+    out = [helper.make_tensor_value_info("m2", onnx.TensorProto.FLOAT, [1, c, 20, 20])]
+    if shared:
+        out.append(helper.make_tensor_value_info("cat", onnx.TensorProto.FLOAT, [1, 3 * c // 2, 20, 20]))
+    inits = [w("w0", c, 16, 1, 1), w("b0", c), w("w1", c // 2, c // 2, 1, 1), w("b1", c // 2),
+             w("w2", c, 3 * c // 2, 1, 1), w("b2", c),
+             numpy_helper.from_array(np.array([c // 2, c // 2], np.int64), "halves")]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 20, 20])
+    return helper.make_model(helper.make_graph(nodes, "c2f", [x], out, inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _needs_blocks():
@@ -169,7 +230,7 @@ def test_a_conv_output_read_twice_is_left_to_ort(tmp_path, monkeypatch):
 
 
 def test_the_decider_is_asked_per_shape_and_a_refusal_keeps_orts_conv(tmp_path, monkeypatch):
-    """measure mode asks decide(cin, cout, h, w, alpha) once per candidate; refusing the first keeps
+    """measure mode asks decide(cin, cout, h, w, alpha, inputs) once per candidate; refusing the first keeps
     it as ORT's Conv -> QuickGelu (counted as left to ORT); outputs as stock."""
     _needs_blocks()
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
@@ -181,9 +242,34 @@ def test_the_decider_is_asked_per_shape_and_a_refusal_keeps_orts_conv(tmp_path, 
     ref = disable_all_outputs(model, {"x": x})[0]
     sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
     note = str(sess.fusion_report)
-    assert sorted(asked) == [(16, 32, 20, 20, 1.0), (32, 32, 20, 20, 1.0)], asked
+    assert sorted(asked) == [(16, 32, 20, 20, 1.0, 1), (32, 32, 20, 20, 1.0, 1)], asked
     assert "1 1x1 conv(s) with their QuickGelu as " + OP + "; 1 left to ORT" in note, note
     assert _close(sess.run(None, {"x": x})[0], ref) <= TOL
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_concat_only_a_1x1_conv_reads_is_read_where_its_inputs_are(tmp_path, monkeypatch, shared):
+    """C2f's join (halves of 16 channels, whole blocks of 8 and 16): with ORTFUSE_POINTWISE=on the
+    Concat before the last conv goes, the conv reads its three inputs (FusedPointwiseConcatConvBlocked3);
+    a Concat the graph also returns stays, and the conv reads it; outputs as stock."""
+    _needs_blocks()
+    monkeypatch.setenv(pointwise.ENV, "on")
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
+    model = _c2f_model(shared=shared)
+    x = np.random.default_rng(5).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    ref = disable_all_outputs(model, {"x": x})
+    fused, report = ortfuse.fuse(model)
+    layout, why_not = planner.plan_layout(model, fused, None, frozenset(native_op_types(fused)),
+                                          report.disabled_ort_optimizers)
+    assert layout is not None, why_not
+    assert "3 1x1 conv(s) with their QuickGelu as " + OP in layout.note, layout.note
+    assert ("1 reading the inputs of the Concat before them" in layout.note) == (not shared), layout.note
+    ops = [n.op_type for n in layout.model.graph.node]
+    assert (f"{pointwise.CONCAT_OP}3" in ops) == (not shared) and ("Concat" in ops) == shared, ops
+    sess = ortfuse.InferenceSession(model.SerializeToString(), fusion=True)
+    assert "1 reading the inputs" in str(sess.fusion_report) or shared, str(sess.fusion_report)
+    for got, want in zip(sess.run(None, {"x": x}), ref):
+        assert _close(got, want) <= TOL
 
 
 def test_the_probes_two_forms_agree():
@@ -197,6 +283,24 @@ def test_the_probes_two_forms_agree():
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     a = onnxruntime.InferenceSession(stock, so).run(None, x)[0]
     nso = native_options({OP})
+    nso.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    b = onnxruntime.InferenceSession(native, nso).run(None, x)[0]
+    assert _close(b, a) <= TOL
+
+
+def test_the_concat_probes_two_forms_agree():
+    """With three inputs: ORT's Concat -> blocked Conv -> QuickGelu and the native op reading them."""
+    _needs_blocks()
+    block = block_size()
+    stock, native = pointwise._pair_models(5 * block, 2 * block, 6, 3, block, 1.0, inputs=3)
+    rng = np.random.default_rng(6)
+    x = {f"xb{i}": rng.standard_normal((1, c, 6, 3)).astype(np.float32)
+         for i, c in enumerate(pointwise.parts_of(5 * block, 3, block))}
+    assert [v.shape[1] for v in x.values()] == [2 * block, 2 * block, block]
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    a = onnxruntime.InferenceSession(stock, so).run(None, x)[0]
+    nso = native_options({f"{pointwise.CONCAT_OP}3"})
     nso.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     b = onnxruntime.InferenceSession(native, nso).run(None, x)[0]
     assert _close(b, a) <= TOL

@@ -6,6 +6,9 @@ vector) ``pw_tile`` computes R consecutive positions of V output blocks,
 
     acc[r][v] = B[v] + sum_{cb < Cin / W} sum_{j < W} x[cb][r][j] * P[cb * W + j][v]
 
+(over a concatenation of inputs, one call per input: the first starts from B, each next one from
+the partial sums the last stored in Y, with P's rows of that input's channels)
+
 where x[cb][r] is the vector of input block cb at position r (one scalar of it, broadcast, per j) and
 P[ci][v] the vector of V * W packed filter values of input channel ci for output block v. The R x V
 accumulators stay in vector registers over the whole input depth; per input channel the V filter
@@ -27,23 +30,31 @@ from ortfuse.custom_ops.kernels.winograd import _at, _k, _literal, _vec
 
 
 @intrinsic
-def pw_tile(typingctx, x, xbs, p, bias, y, ybs, cblocks, rows, vecs, width):
-    """y[v * ybs + r * W] = bias[v * W] + sum over cb < cblocks, j < W of x[cb * xbs + r * W + j] *
-    p[(cb * W + j) * V * W + v * W], for r < R, v < V (each a vector of W lanes): R = ``rows``,
-    V = ``vecs``, W = ``width``, all constants."""
+def pw_tile(typingctx, x, xbs, p, bias, y, ybs, cblocks, accumulate, rows, vecs, width):
+    """y[v * ybs + r * W] = s + sum over cb < cblocks, j < W of x[cb * xbs + r * W + j] *
+    p[(cb * W + j) * V * W + v * W], for r < R, v < V (each a vector of W lanes), s = bias[v * W], or
+    y's own value there when ``accumulate`` is nonzero (the next input of a concatenation): R =
+    ``rows``, V = ``vecs``, W = ``width``, all constants."""
     rt, nv, w = _literal(rows, "rows"), _literal(vecs, "vecs"), _literal(width, "width")
     sig = types.void(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
-                     rows, vecs, width)
+                     types.int64, rows, vecs, width)
 
     def codegen(context, builder, sig, args):
-        x, xbs, p, bias, y, ybs, cb = args[:7]
+        x, xbs, p, bias, y, ybs, cb, acc = args[:8]
         vt, fp, vp = _vec(w)
         xp, pp, bp, yp = (builder.inttoptr(v, fp) for v in (x, p, bias, y))
-        bv = [builder.load(builder.bitcast(_at(builder, bp, _k(v * w)), vp), align=4) for v in range(nv)]
         accs = [[cgutils.alloca_once(builder, vt) for _ in range(nv)] for _ in range(rt)]
-        for row in accs:
-            for v, s in enumerate(row):
-                builder.store(bv[v], s)
+        with builder.if_else(builder.icmp_signed("!=", acc, _k(0))) as (partial, fresh):
+            with partial:
+                for r, row in enumerate(accs):
+                    for v, s in enumerate(row):
+                        src = _at(builder, yp, builder.add(builder.mul(ybs, _k(v)), _k(r * w)))
+                        builder.store(builder.load(builder.bitcast(src, vp), align=4), s)
+            with fresh:
+                bv = [builder.load(builder.bitcast(_at(builder, bp, _k(v * w)), vp), align=4) for v in range(nv)]
+                for row in accs:
+                    for v, s in enumerate(row):
+                        builder.store(bv[v], s)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
         undef = ir.Constant(vt, ir.Undefined)
         splat = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)

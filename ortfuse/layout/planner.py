@@ -214,7 +214,7 @@ def _native_convs(chosen: _Blocked, shape, block: int, threads: int, served=None
     chosen.done += [dw.summary()] if dw.summary() else []
     chosen.native = (chosen.native | frozenset(wino.ops()) | frozenset(up.ops()) | frozenset(se.ops())
                      | frozenset({depthwise.OP} if dw.replaced else set())
-                     | frozenset({pointwise.OP} if pw.replaced else set()))
+                     | frozenset(pw.ops()))
     chosen.failed += failed
 
 
