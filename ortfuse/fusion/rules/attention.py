@@ -436,14 +436,20 @@ def _example(style: str = "torchscript", weight_scale: float = 0.5, mask: str = 
               helper.make_node("MatMul", ["probs", "v_h"], ["ctx"]),
               helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ctx_t", "merged"], ["out"])]
-    graph = helper.make_graph(
-        nodes, "attention_example",
-        [helper.make_tensor_value_info(n, dtypes.get(n, TensorProto.FLOAT), s) for n, s in inputs.items()],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])]
-        + ([helper.make_tensor_value_info("probs", TensorProto.FLOAT, [B, H, S, S])] if probs_out else []),
-        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortfuse-rule-example")
-    model.ir_version = 8
+    return _checked(nodes, "attention_example",
+                    [helper.make_tensor_value_info(n, dtypes.get(n, TensorProto.FLOAT), s) for n, s in inputs.items()],
+                    [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])]
+                    + ([helper.make_tensor_value_info("probs", TensorProto.FLOAT, [B, H, S, S])] if probs_out else []),
+                    inits)
+
+
+def _checked(nodes, name: str, inputs: list, outputs: list, inits: dict, opset: int = 17) -> onnx.ModelProto:
+    """An example's graph as a model (IR version 8, or 7 below opset 13) onnx's full check accepts."""
+    graph = helper.make_graph(nodes, name, inputs, outputs,
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="ortfuse-rule-example")
+    model.ir_version = 8 if opset >= 13 else 7
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -513,16 +519,10 @@ def _sdpa_example(exporter: str = "torchscript", swap: bool = False, guard_fill:
               helper.make_node("Transpose", ["ctx_same"], ["ctx_t"], perm=[0, 2, 1, 3]),
               helper.make_node("Concat", [*lead, "minus_one"], ["merge_target"], axis=0),
               helper.make_node("Reshape", ["ctx_t", "merge_target"], ["out"])]
-    graph = helper.make_graph(
-        nodes, "sdpa_example",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])]
-        + ([helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [B, S])] if masked else []),
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])],
-        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortfuse-rule-example")
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return _checked(nodes, "sdpa_example",
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])]
+                    + ([helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [B, S])] if masked else []),
+                    [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])], inits)
 
 
 def _packed_example(three: int = 3) -> onnx.ModelProto:
@@ -563,14 +563,9 @@ def _packed_example(three: int = 3) -> onnx.ModelProto:
     merge = [cast(t, "merge") for t in ("zero", "seq32", "width")]
     nodes += [helper.make_node("Concat", merge, ["merge_target"], axis=0),
               helper.make_node("Reshape", ["ctx_t", "merge_target"], ["out"])]
-    graph = helper.make_graph(
-        nodes, "packed_attention_example", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])],
-        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], producer_name="ortfuse-rule-example")
-    model.ir_version = 7
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return _checked(nodes, "packed_attention_example",
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, hidden])],
+                    [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, S, hidden])], inits, opset=12)
 
 
 RULE = PatternRule(
