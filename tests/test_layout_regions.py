@@ -296,3 +296,23 @@ def test_a_failing_region_rewrite_leaves_the_plan_as_it_was_with_the_reason(monk
     ops = {n.op_type for n in layout.model.graph.node}
     assert winograd.OP in ops and not any(op.startswith(regions.BLOCKED_CHAIN) for op in ops), sorted(ops)
     assert _close(_run(layout, native, _feeds(2)), _reference(model, _feeds(2)))
+
+
+@pytest.mark.parametrize("second", ["x", "y"])
+def test_tensors_of_lost_dims_join_only_themselves(second):
+    """Dims shape inference lost are each tensor's own symbols: Add(x, x) of a reorder's output runs
+    on blocks, Add(x, y) of two such tensors does not (they may differ in H or W and broadcast)."""
+    nodes = [helper.make_node("ReorderOutput", ["xb"], ["x"], domain=regions.NCHWC, channels=16, channels_last=0),
+             helper.make_node("ReorderOutput", ["yb"], ["y"], domain=regions.NCHWC, channels=16, channels_last=0),
+             helper.make_node("Add", ["x", second], ["z"], name="add"),
+             helper.make_node("ReorderInput", ["z"], ["zb"], domain=regions.NCHWC),
+             helper.make_node("ReorderOutput", ["zb"], ["out"], domain=regions.NCHWC, channels=16, channels_last=0)]
+    io = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("xb", "yb", "out")]
+    graph = helper.make_graph(nodes, "lost", io[:2], io[2:])
+    result = regions.run_blocked_regions(graph, lambda name: None, 8)
+    ops = [n.op_type for n in graph.node]
+    if second == "x":
+        add = next(n for n in graph.node if n.op_type == "Add")
+        assert result.regions == 1 and list(add.input) == ["xb", "xb"] and "ReorderInput" not in ops, ops
+    else:
+        assert result.regions == 0 and ops == ["ReorderOutput"] * 2 + ["Add", "ReorderInput", "ReorderOutput"], ops
