@@ -141,6 +141,14 @@ def test_concat_kernel_refuses_inputs_that_do_not_join(shapes, p_cin, text):
         _concat_session(8, 2).run(None, feeds)
 
 
+def test_the_planner_and_the_kernel_agree_on_the_most_inputs_joined():
+    """The layout module names MAX_INPUTS without importing the kernel module (no numba at planning):
+    the two must agree, or a plan would ask for an op the library does not have."""
+    from ortfuse.custom_ops.native.ops import pointwise_conv
+
+    assert pointwise.MAX_INPUTS == pointwise_conv.MAX_INPUTS and pointwise.CONCAT_OP == pointwise_conv.CONCAT_OP
+
+
 def test_empty_batch_gives_an_empty_output():
     y = _session(8).run(None, {"x": np.ones((0, 16, 4, 4), np.float32), "p": np.ones((16, 16), np.float32),
                                "b": np.ones(16, np.float32)})[0]

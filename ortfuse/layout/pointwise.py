@@ -177,6 +177,13 @@ def parts_of(cin: int, inputs: int, block: int) -> list[int]:
     return [block * (blocks // inputs + (i < blocks % inputs)) for i in range(inputs)]
 
 
+def _probe_inputs(cin: int, inputs: int, block: int) -> tuple[str, dict[str, int]]:
+    """The native op type of a probe of ``inputs`` joined tensors, and its inputs' channels by name."""
+    names = [f"xb{i}" for i in range(inputs)] if inputs > 1 else ["xb"]
+    op = f"{CONCAT_OP}{inputs}" if inputs > 1 else OP
+    return op, dict(zip(names, parts_of(cin, inputs, block)))
+
+
 def _pair_models(cin: int, cout: int, h: int, w: int, block: int, alpha: float,
                  inputs: int = 1) -> tuple[bytes, bytes]:
     """One 1x1 conv with its QuickGelu, as ORT's blocked Conv -> QuickGelu and as the native op,
@@ -190,15 +197,15 @@ def _pair_models(cin: int, cout: int, h: int, w: int, block: int, alpha: float,
     inits = [numpy_helper.from_array(wb.reshape(cout, cin, 1, 1), "wb"),
              numpy_helper.from_array(pack_filter(wt, block), "p"),
              numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
-    names = [f"xb{i}" for i in range(inputs)] if inputs > 1 else ["xb"]
-    io = ([helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, c, h, w])
-           for n, c in zip(names, parts_of(cin, inputs, block))],
+    op, parts = _probe_inputs(cin, inputs, block)
+    names = list(parts)
+    io = ([helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, c, h, w]) for n, c in parts.items()],
           [helper.make_tensor_value_info("yb", onnx.TensorProto.FLOAT, [1, cout, h, w])])
     ort_nodes = [helper.make_node("Concat", names, ["xb"], axis=1)] if inputs > 1 else []
     ort_nodes += [helper.make_node("Conv", ["xb", "wb", "b"], ["cb"], domain=NCHWC),
                   helper.make_node("QuickGelu", ["cb"], ["yb"], domain="com.microsoft", alpha=alpha)]
-    nat_nodes = [helper.make_node(f"{CONCAT_OP}{inputs}" if inputs > 1 else OP, [*names, "p", "b"], ["yb"],
-                                  domain=DOMAIN, block=block, activation="quick_gelu", alpha=alpha)]
+    nat_nodes = [helper.make_node(op, [*names, "p", "b"], ["yb"], domain=DOMAIN, block=block,
+                                  activation="quick_gelu", alpha=alpha)]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid(NCHWC, 1),
               helper.make_opsetid("com.microsoft", 1)]
     out = []
@@ -215,9 +222,8 @@ def measured_faster(cin: int, cout: int, h: int, w: int, alpha: float, block: in
     conv of this shape on blocks (of a Concat of ``inputs`` tensors when more than one;
     ``op_timing.native_faster``; ``cold``: caches flushed)."""
     stock, native = _pair_models(cin, cout, h, w, block, alpha, inputs)
-    names = [f"xb{i}" for i in range(inputs)] if inputs > 1 else ["xb"]
-    feeds = {n: (1, c, h, w) for n, c in zip(names, parts_of(cin, inputs, block))}
-    op = f"{CONCAT_OP}{inputs}" if inputs > 1 else OP
+    op, parts = _probe_inputs(cin, inputs, block)
+    feeds = {n: (1, c, h, w) for n, c in parts.items()}
     return op_timing.native_faster(stock, native, frozenset({op}), feeds, threads, MARGIN, cold=cold)
 
 
