@@ -30,7 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 
 def parse_switches(pairs: list[str]) -> dict[str, str]:
@@ -62,16 +61,13 @@ def _make(src, switches: dict[str, str], threads: int, spinning: bool, dims: dic
                 os.environ[k] = v
 
 
-def _max_rel_diff(got: list, ref: list) -> float:
-    return max(float(np.abs(g - r).max()) / max(1.0, float(np.abs(r).max())) for g, r in zip(got, ref))
-
-
 def run(model: str, a: dict[str, str], b: dict[str, str], pairs: int, passes: int, threads: int,
         spinning: bool, block: int, seed: int = 0) -> dict:
     """Measure (module docstring); returns the result document."""
     import onnxruntime as ort
 
     from ortfuse.bench.inputs import make_inputs, resolve_model, tune_dims
+    from ortfuse.bench.stats import max_rel_diff
 
     src = resolve_model(model)
     feeds = make_inputs(src, 1)
@@ -83,7 +79,7 @@ def run(model: str, a: dict[str, str], b: dict[str, str], pairs: int, passes: in
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ref = ort.InferenceSession(src.path, so, providers=["CPUExecutionProvider"]).run(None, feeds)
     plans = {tag: {"switches": sw, "notes": [n for n in s.fusion_report.notes if n.startswith("layout")],
-                   "fused_ops": s.fusion_report.counts(), "max_rel_diff": _max_rel_diff(s.run(None, feeds), ref)}
+                   "fused_ops": s.fusion_report.counts(), "max_rel_diff": max_rel_diff(s.run(None, feeds), ref)}
              for (tag, _, s), sw in zip(sessions[:2], (a, b))}
     times: dict[tuple[str, int], list[float]] = {(tag, i): [] for tag, i, _ in sessions}
     rng = random.Random(seed)
