@@ -88,15 +88,17 @@ def test_ops_that_cannot_be_registered_are_not_kept(monkeypatch):
 
 
 def test_a_real_probe_is_timed_in_repeats_and_read_back(monkeypatch):
-    """One Winograd conv probe timed for real: three per-repeat ratios kept, the same choice read back."""
+    """One Winograd conv probe timed for real: its per-repeat ratios kept (all three when it wins, up to
+    the first at or above the margin when it loses), the same choice read back."""
     if block_size() not in (8, 16):
         pytest.skip("ORT has no NCHWc block of 8 or 16 on this CPU")
     b = block_size()
     winograd.measured_faster.cache_clear()
     first = winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1)
     (kept,) = json.loads(choice_cache.path().read_text())["choices"].values()
-    assert kept["native"] is first and len(kept["ratios"]) == op_timing.REPEATS
-    assert all(r > 0 for r in kept["ratios"]) and first is (max(kept["ratios"]) < winograd.MARGIN)
+    ratios = kept["ratios"]
+    assert kept["native"] is first and all(r > 0 for r in ratios) and first is (max(ratios) < winograd.MARGIN)
+    assert len(ratios) == op_timing.REPEATS if first else ratios[-1] >= winograd.MARGIN > max(ratios[:-1], default=0)
     winograd.measured_faster.cache_clear()
     _timed(monkeypatch, [2.0] * 3 if first else [0.1] * 3)  # timing again would choose the other form
     assert winograd.measured_faster(b, b, 8, 8, "relu", 1.0, b, 1) is first
@@ -147,7 +149,7 @@ def test_weights_exceed_cache_compares_initializer_bytes(monkeypatch):
 
 def test_a_cold_probe_is_another_choice_and_is_timed_cold(monkeypatch):
     calls = []
-    def ratios(stock, native, ops, feeds, threads, stock_ops, cold=False, budget_s=None):
+    def ratios(stock, native, ops, feeds, threads, stock_ops, cold=False, budget_s=None, margin=None):
         calls.append(cold)
         return [0.5, 0.5, 0.5]
 
@@ -211,4 +213,34 @@ def test_a_time_budget_sets_the_runs_per_repeat(monkeypatch):
     monkeypatch.setattr(op_timing.yielding, "timed", lambda fn: 2.0)  # every run 2 ms
     for budget in (None, 0.2, 100.0):
         op_timing._ratios(relu, relu, frozenset(), {"x": (1, 8)}, 1, frozenset(), budget_s=budget)
-    assert seen == [op_timing.RUNS, 100, op_timing.MAX_RUNS]
+    repeats = op_timing.REPEATS  # without a margin every repeat is timed, each on its own
+    assert seen == [op_timing.RUNS] * repeats + [100] * repeats + [op_timing.MAX_RUNS] * repeats
+
+
+@pytest.mark.parametrize("per_repeat, timed, native", [
+    ([0.80, 0.85, 0.70], 3, True),  # below the margin in every repeat: all of them timed
+    ([0.80, 0.93, 0.70], 2, False),  # the second repeat settles it: the third is not timed
+    ([0.95, 0.50, 0.50], 1, False),  # at the margin in the first
+])
+def test_a_probe_stops_at_the_first_repeat_not_below_the_margin(monkeypatch, per_repeat, timed, native):
+    """The rule needs every repeat below the margin, so the first that is not settles ORT's form and
+    the probe times no further repeat (each repeat timed on its own, its ratio recorded)."""
+    from onnx import helper
+
+    from ortfuse.foundation import protocol
+
+    calls = []
+
+    def measure(runners, *, runs, repeats, **kw):
+        ratio = per_repeat[len(calls)]
+        calls.append(repeats)
+        return {"stock": [[1.0] * runs], "native": [[ratio] * runs]}
+
+    x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8]) for n in "xy")
+    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    monkeypatch.setattr(protocol, "measure", measure)
+    assert op_timing.native_faster(relu, relu, frozenset(), {"x": (1, 8)}, 1, 0.9) is native
+    assert calls == [1] * timed
+    kept = json.loads(choice_cache.path().read_text())["choices"]
+    assert [c["ratios"] for c in kept.values()] == [per_repeat[:timed]]

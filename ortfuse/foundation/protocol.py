@@ -129,7 +129,7 @@ def measure(
     gc.collect()
     gc.disable()
     try:
-        for _ in range(repeats):
+        for repeat in range(repeats):
             for order in interleave(names, warmup, rotate):
                 for name in order:
                     for i in range(block + (block > 1)):
@@ -157,7 +157,8 @@ def measure(
                     on_pass()
             for name in names:
                 out[name].append(lat[name])
-            gc.collect()  # between repeats, outside any timed run
+            if repeat < repeats - 1:
+                gc.collect()  # between repeats, outside any timed run
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -39,6 +39,7 @@ Contract:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -143,6 +144,9 @@ def _child(folder: str) -> Outcome:
     from ortfuse.tune import steps, tuner
 
     steps.mark("imported")
+    # what is alive now (the modules imported) lives until the process ends: the collections before
+    # and between the timings' repeats (foundation.protocol) need not walk it again
+    gc.freeze()
 
     request = json.loads(Path(folder, "request.json").read_text())
     source = Path(request["source"]).read_bytes() if request["bytes"] else request["source"]
