@@ -61,7 +61,7 @@ from ortfuse.foundation.files import model_file
 from ortfuse.foundation.messages import one_sentence
 from ortfuse.foundation.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.fusion.report import FusionReport
-from ortfuse.runtime.recorded_feeds import copy_feeds, representative, shapes_of
+from ortfuse.runtime.recorded_feeds import FeedCopies, copy_feeds, representative, shapes_of
 from ortfuse.runtime.served_runs import ServedRuns, Unfit, remove, swap_unsupported
 from ortfuse.tune.output_check import check_sessions
 
@@ -111,6 +111,7 @@ class LiveTuning:
         self._budget = budget_of(sess_options)
         self._samples: list[dict] = []
         self._sample_bytes = 0
+        self._copies = FeedCopies()  # the next recorded feed's arrays, written in the gap before it
         self.recording = bool(prepared.pending)  # served feeds are recorded (read and set under served.lock)
         # a shared plan store's replica that does not hold the key's lease: feeds are recorded, the
         # tuning waits for ``release_start`` (runtime.shared_plans); read and set under served.lock
@@ -151,11 +152,11 @@ class LiveTuning:
     def record(self, feeds: Mapping) -> None:
         """Record a served run's feeds (``ServedRuns.begin`` calls this while ``recording``); the
         tuning starts once ``SAMPLE_RUNS`` are recorded, or the next would pass ``SAMPLE_BYTES``."""
-        copy = copy_feeds(feeds)
+        copy = self._copies.copy(feeds)
         if copy is None:
             return
         size = sum(a.nbytes for a in copy.values())
-        start = False
+        start = more = False
         with self.served.lock:
             if not self.recording:
                 return
@@ -174,12 +175,16 @@ class LiveTuning:
                 if len(self._samples) >= SAMPLE_RUNS:
                     self.recording = False
                     self.running = start = True
+                else:
+                    more = self._sample_bytes + size <= SAMPLE_BYTES
             if start and self.hold_start:
                 self.running = start = False
                 self._start_held = True
                 self._status = "serving stock ORT, waiting for the plan another replica tunes (plan store)"
         if start:
             self._start()
+        elif more:  # arrays for the next feed, written once this run has ended
+            self._copies.prepare(copy, self.served.wait_idle)
 
     def release_start(self) -> None:
         """Let this tuning start (now, if its feeds are recorded already): this replica tunes."""

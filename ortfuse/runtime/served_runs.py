@@ -154,6 +154,12 @@ class ServedRuns:
             self.end()
             raise
 
+    def wait_idle(self) -> None:
+        """Return once no served run is in flight."""
+        with self.lock:
+            while self.inflight:
+                self.idle.wait(0.05)
+
     def _continue_locked(self, short: bool) -> None:
         """No served run in flight: continue the tuning process, unless the run that just ended was
         short and this is not the gap of ``SPREAD`` in which it runs (``held``; ``resume_if_idle``)."""
