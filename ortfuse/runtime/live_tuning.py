@@ -181,10 +181,12 @@ class LiveTuning:
                 self.running = start = False
                 self._start_held = True
                 self._status = "serving stock ORT, waiting for the plan another replica tunes (plan store)"
+        if more:  # arrays for the next feed, written once this run has ended
+            self._copies.prepare(copy, self.served.wait_idle)
+        else:  # recording is over: arrays made ahead, or on their way, are dropped with their maker
+            self._copies = FeedCopies()
         if start:
             self._start()
-        elif more:  # arrays for the next feed, written once this run has ended
-            self._copies.prepare(copy, self.served.wait_idle)
 
     def release_start(self) -> None:
         """Let this tuning start (now, if its feeds are recorded already): this replica tunes."""
