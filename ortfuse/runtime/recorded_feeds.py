@@ -4,9 +4,9 @@ inputs, and the one it tunes on (docs/ARCHITECTURE.md §7).
 ``FeedCopies`` takes the copies a served run makes off that run's time where it can: the first
 write to memory the process never wrote costs a page fault per page, which on a virtual machine can
 cost far more than the copy itself (``python tools/auto_bench.py --models ppocrv4_det --spinning on``
-shows the recorded runs beside stock ORT's).
-After each copy it writes arrays of the same shapes on a thread of its own once the run has ended
-(``prepare``), so the next copy of equal shapes only moves bytes.
+shows the recorded runs beside stock ORT's). After each copy it writes arrays of the same shapes on
+a thread of its own once the run has ended (``prepare``), so the next copy of equal shapes only
+moves bytes.
 """
 
 from __future__ import annotations
