@@ -17,6 +17,15 @@ from ortfuse.layout.probe import block_size
 PROBE = (b"stock-model", b"native-model", frozenset({"OpA"}), {"x": (1, 8, 4, 4)}, 2, 0.9)
 
 
+def _relu_bytes() -> bytes:
+    """A one-Relu model on [1, 8]: the smallest model a probe's sessions can open."""
+    from onnx import helper
+
+    x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8]) for n in "xy")
+    return helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path))
@@ -204,11 +213,7 @@ def test_a_time_budget_sets_the_runs_per_repeat(monkeypatch):
         seen.append(runs)
         return {name: [[1.0] * runs for _ in range(repeats)] for name in runners}
 
-    from onnx import helper
-
-    x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8]) for n in "xy")
-    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), ir_version=8,
-                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    relu = _relu_bytes()
     monkeypatch.setattr(protocol, "measure", measure)
     monkeypatch.setattr(op_timing.yielding, "timed", lambda fn: 2.0)  # every run 2 ms
     for budget in (None, 0.2, 100.0):
@@ -225,8 +230,6 @@ def test_a_time_budget_sets_the_runs_per_repeat(monkeypatch):
 def test_a_probe_stops_at_the_first_repeat_not_below_the_margin(monkeypatch, per_repeat, timed, native):
     """The rule needs every repeat below the margin, so the first that is not settles ORT's form and
     the probe times no further repeat (each repeat timed on its own, its ratio recorded)."""
-    from onnx import helper
-
     from ortfuse.foundation import protocol
 
     calls = []
@@ -236,9 +239,7 @@ def test_a_probe_stops_at_the_first_repeat_not_below_the_margin(monkeypatch, per
         calls.append(repeats)
         return {"stock": [[1.0] * runs], "native": [[ratio] * runs]}
 
-    x, y = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8]) for n in "xy")
-    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), ir_version=8,
-                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    relu = _relu_bytes()
     monkeypatch.setattr(protocol, "measure", measure)
     assert op_timing.native_faster(relu, relu, frozenset(), {"x": (1, 8)}, 1, 0.9) is native
     assert calls == [1] * timed
