@@ -4,13 +4,15 @@ requests, then auto beside stock ORT and ``fusion=True``, and served latency whi
 
 Usage::
 
-    python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all|public|tiny_ffn] [--threads 2]
-                               [--gap 2x] [--served 30] [--wait 300] [--block 8] [--passes 1] [--runs 20]
-                               [--repeats 3] [--alone] [--json benchmarks/results/]
+    python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all|public|tiny_ffn|MODEL.onnx]
+                               [--dim NAME=N] [--threads 2] [--gap 2x] [--served 30] [--wait 300] [--block 8]
+                               [--passes 1] [--runs 20] [--repeats 3] [--alone] [--json benchmarks/results/]
 
 Models: zoo names (``all``: the zoo), the public models (``public``: real trained models,
 ``ortfuse.models.public``, at their natural shapes) and ``tiny_ffn``, built here (a seeded 3-layer
-FFN whose run takes about 0.1 ms: the wrapper's cost per run shows on it).
+FFN whose run takes about 0.1 ms: the wrapper's cost per run shows on it), and .onnx files such as
+the real exports of ``tools/export_encoder.py`` (feeds made as ``ortfuse bench`` makes them, dynamic
+dims named by ``--dim``, e.g. ``--dim sequence=128``; other dynamic dims 128, the batch 1).
 
 One process per model and pass (``--child``), CPU provider, ORT_ENABLE_ALL, ORT's pool threads not
 spinning (docs/ARCHITECTURE.md §8; ``--spinning on``: spinning, ORT's default, for every session the
@@ -148,11 +150,11 @@ def tiny_ffn(folder: str, width: int = 448, layers: int = 3) -> str:
     return path
 
 
-def model_and_feeds(name: str) -> tuple[str, list[dict]]:
-    """The model's path and 8 seeded feeds: a public model (``ortfuse.models.public``: fetched into the
-    cache, at its natural shape), ``tiny_ffn`` (built here, in the run's cache folder) or a zoo model."""
-    import ortfuse.models as zoo
-    from ortfuse.models import public
+def model_and_feeds(name: str, dims: dict[str, int] | None = None) -> tuple[str, list[dict]]:
+    """The model's path and 8 seeded feeds: ``tiny_ffn`` (built here, in the run's cache folder), else
+    as ``ortfuse bench`` makes them (``ortfuse.bench.inputs``): a public model fetched into the cache
+    at its natural shape, a zoo model, or an .onnx file, with the named dynamic ``dims``."""
+    from ortfuse.bench.inputs import make_inputs, resolve_model
 
     if name == TINY:
         import numpy as np
@@ -160,9 +162,13 @@ def model_and_feeds(name: str) -> tuple[str, list[dict]]:
         path = tiny_ffn(os.environ.get("ORTFUSE_CACHE_DIR") or tempfile.mkdtemp(prefix="ortfuse-auto-bench-"))
         return path, [{"x": np.random.default_rng(i).standard_normal((1, 8, 448)).astype(np.float32)}
                       for i in range(8)]
-    if name in public.NAMES:
-        return str(public.fetch(name)), [public.sample_inputs(name, seed=i) for i in range(8)]
-    return zoo.resolve(name), [zoo.sample_inputs(name, seed=i) for i in range(8)]
+    src = resolve_model(name, dims=dims)
+    return src.path, [make_inputs(src, 1, seed=i, check=i == 0) for i in range(8)]
+
+
+def label(name: str) -> str:
+    """A model's name in result file names: a file's stem, else the name."""
+    return Path(name).stem if name.lower().endswith(".onnx") else name
 
 
 def child(name: str, args) -> dict:
@@ -172,9 +178,10 @@ def child(name: str, args) -> dict:
     from ortfuse.bench.environment import environment
     from ortfuse.foundation import protocol
     from ortfuse.foundation.session_options import measuring_options
+    from ortfuse.ir.model_args import parse_dims
 
     env_before = environment()
-    path, feeds = model_and_feeds(name)
+    path, feeds = model_and_feeds(name, parse_dims(args.dim))
     cpu = ["CPUExecutionProvider"]
 
     def options():
@@ -417,7 +424,9 @@ def _pooled_line(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="db_text_detector",
-                    help="comma-separated zoo or public model names, 'all' (the zoo), 'public'")
+                    help="comma-separated zoo or public model names or .onnx files, 'all' (the zoo), 'public'")
+    ap.add_argument("--dim", action="append", default=[],
+                    help="NAME=N: a dynamic dim of the feeds made for a file (as ortfuse bench --dim)")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session (0: ORT's default)")
     ap.add_argument("--spinning", choices=("on", "off"), default="off",
                     help="ORT's pool threads spinning in every session the bench serves and times (default off)")
@@ -457,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from ortfuse.bench.output import result_file
 
-        target = Path(result_file(args.json, f"auto_bench-{'+'.join(names)}-{_dt.date.today().isoformat()}"))
+        stem = f"auto_bench-{'+'.join(map(label, names))}-{_dt.date.today().isoformat()}"
+        target = Path(result_file(args.json, stem))
         # compact: a served-traffic run keeps every request's latency, thousands per model; over the
         # repository's 2 MiB per file, gzipped (benchmarks/results/README.md)
         text = json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results, "pooled": pools},

