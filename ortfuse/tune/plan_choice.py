@@ -39,6 +39,7 @@ class Choice:
     verdicts: dict[str, judge.Verdict]
     versus: dict[str, float] = field(default_factory=dict)  # median per-pass ratio of each passed one / best
     inconclusive: bool = False
+    raw: Raw = field(default_factory=dict)  # the timing chosen on (per configuration, repeat and pass, ms)
 
     def summary(self) -> str:
         parts = []
@@ -67,7 +68,7 @@ def choose(raw: Raw, candidates: Sequence[str], limit: float) -> Choice:
     passed = [c for c in candidates if verdicts[c].passed]
     if not passed:
         pending = any(v.inconclusive for v in verdicts.values())
-        return Choice(None, verdicts, inconclusive=pending)
+        return Choice(None, verdicts, inconclusive=pending, raw=raw)
     bias = abs(statistics.median(per_pass(raw, "control", "ort")) - 1)
     front = min(passed, key=lambda c: (verdicts[c].paired_ratio, candidates.index(c)))
     versus = {c: statistics.median(per_pass(raw, c, front)) for c in passed}
@@ -87,4 +88,4 @@ def choose(raw: Raw, candidates: Sequence[str], limit: float) -> Choice:
         v = verdicts[c]
         if not v.passed and v.inconclusive and v.paired_ratio < verdicts[front].paired_ratio:
             inconclusive = True
-    return Choice(best, verdicts, versus, inconclusive)
+    return Choice(best, verdicts, versus, inconclusive, raw)
