@@ -86,3 +86,32 @@ def test_a_new_process_starts_not_held(monkeypatch):
     thread.start()
     thread.join()
     assert signals[-2:] == ["SIGSTOP", "SIGCONT"]
+
+
+def _waiter(served) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (served.wait_gap_start(), done.set()), daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_the_build_waits_for_a_gap_to_begin(monkeypatch):
+    """``wait_gap_start``: inside a gap no longer than the session's recent gaps (the stated clock
+    stands still) it waits for the next served run to end, and returns as that run ends; a session
+    idle for longer than its recent gaps needs no wait."""
+    served, _, clock, _ = _served(monkeypatch)
+    for _ in range(3):
+        _run(served, clock, 0.01, gap=0.02)  # served runs 20 ms apart
+    clock[0] -= 0.015  # 5 ms into the last gap
+    _, done = _waiter(served)
+    assert not done.wait(0.2)  # a gap it did not see begin: it waits for the next one
+    served.begin()
+    assert not done.wait(0.1)  # a run in flight: still waiting
+    clock[0] += 0.01
+    served.end(release=False)
+    assert done.wait(5.0)  # the next gap begins
+    clock[0] += 0.019
+    _, done = _waiter(served)
+    assert not done.wait(0.2)  # 19 ms idle: within the rhythm
+    clock[0] += 0.002
+    assert done.wait(5.0)  # 21 ms: longer than any recent gap, the session is idle

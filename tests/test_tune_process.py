@@ -228,3 +228,30 @@ def test_a_plan_the_process_cannot_cache_is_handed_over_not_made_again_here(chil
     del session
     gc.collect()
     assert not os.path.exists(plan_file), "the handed-over plan file outlived its session"
+
+
+@pytest.mark.parametrize("given", ["none", "spinning"])
+def test_the_check_runs_on_sessions_whose_threads_do_not_spin(tmp_path, given):
+    """The child's check (``tune_process._check``) of a real plan: both sessions it opens sleep after
+    a run, whatever the options it was given (none, or spinning set), and the plan passes."""
+    model = ffn_matmul_add_relu()
+    path = tmp_path / "ffn.onnx"
+    path.write_bytes(model.SerializeToString())
+    options = None
+    if given == "spinning":
+        options = onnxruntime.SessionOptions()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    prepared = planning.prepare(str(path), options, True, None, mode="off")
+    assert prepared.plan is not None
+    opened: list = []
+    real = onnxruntime.InferenceSession
+
+    class Spy(real):
+        def __init__(self, source, sess_options=None, *args, **kwargs):
+            opened.append(sess_options.get_session_config_entry("session.intra_op.allow_spinning"))
+            super().__init__(source, sess_options, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(onnxruntime, "InferenceSession", Spy)
+        assert tune_process._check(str(path), options, prepared, [ffn_inputs(seed=2)]) == ""
+    assert opened == ["0", "0"]

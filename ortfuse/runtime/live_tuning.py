@@ -540,7 +540,9 @@ class LiveTuning:
             names, [dict(given.get(n, {})) for n in names], C.get_available_providers())
         options = prepared.sess_options if prepared.sess_options is not None else C.get_default_session_options()
         with model_file(prepared.source) as path:
+            self.served.wait_gap_start()  # each C call begins a gap: it cannot pause for a served run
             sess = C.InferenceSession(options, path, True, session._read_config_from_model)
+            self.served.wait_gap_start()
             sess.initialize_session(providers, provider_options, self._disabled | prepared.disabled_optimizers)
         return sess
 

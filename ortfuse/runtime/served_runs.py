@@ -23,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -44,6 +45,7 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 SHORT_RUN_S = 0.005
 SPREAD = 3
 HOLD_S = 0.01
+GAPS = 8  # the recent gaps between served runs wait_gap_start reads the session's rhythm from
 
 
 class Unfit(Exception):
@@ -72,6 +74,7 @@ class ServedRuns:
         self.held = False  # the tuning process is kept stopped in this gap (after a short served run)
         self._began = self._ended = 0.0  # when the served runs in flight began and when they last ended
         self._short_gaps = 0  # gaps after short served runs so far
+        self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
 
@@ -106,6 +109,8 @@ class ServedRuns:
                 self.counts.served()
             if self.inflight == 1:
                 self._began = time.perf_counter()
+                if self._ended:
+                    self._gaps.append(self._began - self._ended)
                 if self.child is not None and not self.held:
                     _signal(self.child, "SIGSTOP")
         if record and feeds is not None:
@@ -159,6 +164,25 @@ class ServedRuns:
         with self.lock:
             while self.inflight:
                 self.idle.wait(0.05)
+
+    def wait_gap_start(self) -> None:
+        """Return as an idle gap begins: when a served run ends with none left in flight, or at once
+        when none has been in flight for longer than the last ``GAPS`` gaps between served runs
+        (``HOLD_S`` before any): the session is idle beyond its rhythm. The tuning starts there the C
+        calls it cannot pause in (the new plan's session), so that a gap, not a served run, holds
+        them (``python tools/auto_bench.py --models yolov8n_nudenet --spinning on``: the served runs
+        while the plan's session is built)."""
+        with self.lock:
+            seen = self._ended
+            while True:
+                if not self.inflight:
+                    quiet = time.perf_counter() - self._ended
+                    longest = max(self._gaps, default=HOLD_S)
+                    if self._ended != seen or quiet > longest:
+                        return
+                    self.idle.wait(longest - quiet + 1e-4)
+                else:
+                    self.idle.wait(0.05)
 
     def _continue_locked(self, short: bool) -> None:
         """No served run in flight: continue the tuning process, unless the run that just ended was

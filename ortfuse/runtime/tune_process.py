@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from ortfuse.foundation import child_process
-from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry
+from ortfuse.foundation.session_options import DIMS_KEY, INTRA_OP_SPINNING, PRECISION_OPTION, config_entry
 
 POLL_S = 0.02
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
@@ -199,11 +199,18 @@ def _check_feeds(folder: str) -> list[dict]:
 
 def _check(source, options, prepared, feeds: list[dict]) -> str:
     """``output_check.check_sessions`` of the plan's session against a stock ORT session with the
-    same options, each run waiting while a served run is in flight."""
+    same options, each run waiting while a served run is in flight. Neither session's pool threads
+    spin after a run (the outputs are the same): threads of this process spinning in the gaps slowed
+    the served runs of a session whose own threads spin (``python tools/auto_bench.py --models
+    yolov8n_nudenet --spinning on``: the served runs while the plan's outputs are checked)."""
     import onnxruntime as ort
 
     from ortfuse.tune.output_check import check_sessions
 
+    options = options if options is not None else ort.SessionOptions()
+    for so in (options, prepared.sess_options):
+        if so is not None and config_entry(so, INTRA_OP_SPINNING) != "0":
+            so.add_session_config_entry(INTRA_OP_SPINNING, "0")
     cpu = ["CPUExecutionProvider"]
     stock = ort.InferenceSession(source, options, providers=cpu)
     fused = ort.InferenceSession(prepared.source, prepared.sess_options, providers=cpu,
