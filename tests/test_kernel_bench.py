@@ -3,12 +3,10 @@ subgraph, its A/A copy and the copies the bandwidth is compared with (no timing 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
+import tool_modules
 
 from ortfuse.custom_ops.registration import native_unavailable_reason
 
@@ -16,12 +14,7 @@ pytestmark = pytest.mark.skipif(native_unavailable_reason() is not None, reason=
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "kernel_bench.py"
-    spec = importlib.util.spec_from_file_location("kernel_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("kernel_bench", bench)  # numba's cache locates its cached functions by module
-    spec.loader.exec_module(sys.modules["kernel_bench"])
-    return sys.modules["kernel_bench"]
+    return tool_modules.load("kernel_bench")  # numba's cache locates its cached functions by module
 
 
 def test_native_table_runs_the_fused_ops_in_ort_and_checks_them_against_stock_ort(tmp_path):

@@ -5,20 +5,18 @@ outside the repository."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import tool_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 600
 
 
 def _import_levels():
-    spec = importlib.util.spec_from_file_location("import_levels", ROOT / "tools" / "import_levels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool_modules.load("import_levels")
 
 
 def test_no_import_cycle():

@@ -3,21 +3,14 @@ alternately, each output checked against stock ORT (no timing asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
+import tool_modules
 
 
 def _tool():
-    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "plan_ab.py"
-    spec = importlib.util.spec_from_file_location("plan_ab", path)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("plan_ab", tool)
-    spec.loader.exec_module(sys.modules["plan_ab"])
-    return sys.modules["plan_ab"]
+    return tool_modules.load("plan_ab")
 
 
 def test_two_plans_are_made_apart_checked_and_timed_with_their_controls(tmp_path, monkeypatch):

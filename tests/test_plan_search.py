@@ -3,19 +3,13 @@ timed by auto's own comparison (no timing asserted: which plan wins is the machi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
-import sys
+
+import tool_modules
 
 
 def _tool():
-    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "plan_search.py"
-    spec = importlib.util.spec_from_file_location("plan_search", path)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("plan_search", tool)
-    spec.loader.exec_module(sys.modules["plan_search"])
-    return sys.modules["plan_search"]
+    return tool_modules.load("plan_search")
 
 
 def test_kinds_partition_the_legal_matches():

@@ -4,23 +4,17 @@ for a small synthetic ``ortfuse bench`` file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
+import tool_modules
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _tables():
-    if "readme_tables" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "tools" / "readme_tables.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules["readme_tables"] = module
-    return sys.modules["readme_tables"]
+    return tool_modules.load("readme_tables")
 
 
 def _repeats(p50s):

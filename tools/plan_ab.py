@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import random
 import statistics
@@ -147,12 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"A {s['a_ms']:.3f} ms, B {s['b_ms']:.3f} ms, B/A {s['b_over_a']:.3f}"
           + (f" ({controls})" if controls else ""))
     if args.json:
-        from ortfuse.bench.output import result_file
+        from ortfuse.bench.output import save_result
 
-        target = Path(result_file(args.json, f"plan_ab-{Path(args.model).stem}-{doc['date'][:10]}"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {target}")
+        stem = f"plan_ab-{Path(args.model).stem}-{doc['date'][:10]}"
+        print(f"wrote {save_result(doc, args.json, stem)}")
     return 0
 
 

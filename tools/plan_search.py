@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -120,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
           + (f"faster than every match fused: {doc['helps'][0]}" if doc["helps"]
              else "no kind left out is faster than every match fused"))
     if args.json:
-        from ortfuse.bench.output import result_file
+        from ortfuse.bench.output import save_result
 
-        target = Path(result_file(args.json, f"plan_search-{Path(args.model).stem}-{doc['date'][:10]}"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {target}")
+        stem = f"plan_search-{Path(args.model).stem}-{doc['date'][:10]}"
+        print(f"wrote {save_result(doc, args.json, stem)}")
     return 0
 
 

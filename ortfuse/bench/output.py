@@ -252,3 +252,11 @@ def result_file(target: str, stem: str) -> str:
         n += 1
         path = os.path.join(target, f"{stem}-{n}.json")
     return path
+
+
+def save_result(doc: dict, target: str, stem: str) -> str:
+    """Write ``doc`` as indented JSON where ``--json TARGET`` says (``result_file``); returns the path."""
+    path = result_file(target, stem)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1))
+    return path
