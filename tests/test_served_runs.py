@@ -115,3 +115,17 @@ def test_the_build_waits_for_a_gap_to_begin(monkeypatch):
     assert not done.wait(0.2)  # 19 ms idle: within the rhythm
     clock[0] += 0.002
     assert done.wait(5.0)  # 21 ms: longer than any recent gap, the session is idle
+
+
+def test_a_stopped_tuning_does_not_wait_for_a_gap(monkeypatch):
+    """Runs in flight without end (a server saturated by several threads): the wait ends once the
+    tuning is stopped."""
+    stop = threading.Event()
+    session = _Session()
+    served = served_runs.ServedRuns(session, _Tuning(), stop.is_set, lambda s: None)
+    served.begin()
+    _, done = _waiter(served)
+    assert not done.wait(0.2)
+    stop.set()
+    assert done.wait(5.0)
+    served.end(release=False)

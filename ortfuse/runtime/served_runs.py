@@ -77,6 +77,7 @@ class ServedRuns:
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
+        self._stopped = stopped
 
     # ------------------------------------------------------------------ counting
 
@@ -171,10 +172,10 @@ class ServedRuns:
         (``HOLD_S`` before any): the session is idle beyond its rhythm. The tuning starts there the C
         calls it cannot pause in (the new plan's session), so that a gap, not a served run, holds
         them (``python tools/auto_bench.py --models yolov8n_nudenet --spinning on``: the served runs
-        while the plan's session is built)."""
+        while the plan's session is built). Returns at once once the tuning is stopped."""
         with self.lock:
             seen = self._ended
-            while True:
+            while not self._stopped():
                 if not self.inflight:
                     quiet = time.perf_counter() - self._ended
                     longest = max(self._gaps, default=HOLD_S)
