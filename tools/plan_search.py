@@ -82,8 +82,8 @@ def run(model_arg: str, dims: dict[str, int], threads: int, budget_s: float) -> 
     with served_sizes.serving(sizes):
         choice, left_out, looks = measure.compare_plans(model, ids, level, threads, feed, candidates,
                                                         budget_s=budget_s)
-    if choice is None:
-        raise SystemExit(f"plan_search: no candidate plan ran ({left_out})")
+    if choice is None or not {WHOLE, WHOLE_AA} <= set(choice.verdicts):
+        raise SystemExit(f"plan_search: every match fused did not run ({left_out}); nothing to compare with")
     raw = choice.raw
     rows = {}
     for name, verdict in choice.verdicts.items():
@@ -91,7 +91,7 @@ def run(model_arg: str, dims: dict[str, int], threads: int, budget_s: float) -> 
         rows[name] = {"over_stock": verdict.paired_ratio, "over_whole": statistics.median(over_whole),
                       "passed": verdict.passed, "matches": len(kinds.get(name.removeprefix(WITHOUT), ()))}
     aa = abs(rows[WHOLE_AA]["over_whole"] - 1)
-    helps = [choice.best] if choice.best and choice.best.startswith(WITHOUT) else []  # as auto's choice has it
+    helps = [choice.best] if choice.best and choice.best.startswith(WITHOUT) else []  # plan_choice's choice
     return {"tool": "plan_search", "model": model_arg,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "settings": {"threads": threads, "budget_s": budget_s, "sizes": sizes,
@@ -108,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="a public model name, a zoo name or an .onnx file")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="a dynamic dim of the feeds")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every session (default 2)")
-    p.add_argument("--budget", type=float, default=30.0, help="seconds per look of the timing (default 30)")
+    p.add_argument("--budget", type=float, default=30.0,
+                   help="seconds of timing: the first look a quarter, later looks all of it (default 30)")
     p.add_argument("--json", metavar="FOLDER/|FILE", help="write the result")
     args = p.parse_args(argv)
     doc = run(args.model, parse_dims(args.dim), args.threads, args.budget)
     for name, r in doc["candidates"].items():
         print(f"{name:48s} {r['over_stock']:.3f}x stock ORT, {r['over_whole']:.3f}x every match fused"
               + ("" if r["passed"] else " (not faster than stock ORT)"))
-    print(f"fused A/A {1 + doc['fused_aa_noise']:.3f}; {doc['looks']} look(s); chosen as auto would: {doc['chosen']}; "
+    print(f"fused A/A {1 + doc['fused_aa_noise']:.3f}; {doc['looks']} look(s); chosen by auto's rule: {doc['chosen']}; "
           + (f"faster than every match fused: {doc['helps'][0]}" if doc["helps"]
              else "no kind left out is faster than every match fused"))
     if args.json:
