@@ -65,8 +65,9 @@ in N fresh processes; the verdicts are then judged on the medians over passes, e
 and A/A shown. The JSON file (``--json``: a folder takes ``auto_bench-<models>-<date>.json``) holds
 the raw latencies, every served request (arrival, block, state, ms), the live tuning's steps on the
 same clock (``tuning_timeline``: child started / ended, plan prepared, the plan's session built and
-checked, swapped), settings, statuses, the auto report's notes, the fusion=True session's (its layout
-plan) and the environment.
+checked, swapped), the requests served while tuning counted by the step in effect when each
+arrived with those over 1.5x stock's p50 (``slow_by_step``: where the slow ones fall), settings,
+statuses, the auto report's notes, the fusion=True session's (its layout plan) and the environment.
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ def child(name: str, args) -> dict:
         "p50_tuning": (during_ratios["p50"] <= P50_LIMIT) if during_ratios["p50"] else None,
     }
     report = auto.fusion_report
+    timeline = [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])]
     return {
         "model": name, "gap_ms": round(gap * 1e3, 2), "created_s": round(created_s, 3),
         "served_before_wait": args.served, "wait_tuned": tuned, "waited_s": round(waited_s, 2),
@@ -310,7 +312,8 @@ def child(name: str, args) -> dict:
         "statuses": statuses, "fused": len(report.fused), "matches": len(report.matches), "notes": report.notes,
         "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
         "time_to_plan": auto.time_to_plan,
-        "tuning_timeline": [(event, round(t - started, 4)) for event, t in getattr(live, "timeline", [])],
+        "tuning_timeline": timeline,
+        "slow_by_step": slow_by_step(trace, timeline, _pct(first + second, 0.5)),
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
         "alone": args.alone,
@@ -324,6 +327,26 @@ def child(name: str, args) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- parent
+
+
+SLOW = 1.5  # a served request over this many times stock's p50 while tuning counts as slow in slow_by_step
+
+
+def slow_by_step(trace: list, timeline: list, stock_p50_ms: float | None) -> list[dict]:
+    """Auto's requests served while it recorded and tuned, by the tuning step in effect when each
+    arrived (the last ``timeline`` event at or before it; "recording" before the first), with how
+    many took over ``SLOW`` x stock's p50: where the slow ones fall, on the same clock."""
+    rows: dict[str, dict] = {}
+    for arrival, block, state, ms in trace:
+        if block != "auto" or state not in DURING:
+            continue
+        step = next((event for event, t in reversed(timeline) if t <= arrival), "recording")
+        row = rows.setdefault(step, {"step": step, "served": 0, "slow": 0, "slow_ms": []})
+        row["served"] += 1
+        if stock_p50_ms and ms > SLOW * stock_p50_ms:
+            row["slow"] += 1
+            row["slow_ms"].append(ms)
+    return list(rows.values())
 
 
 def run_child(name: str, args) -> dict:
@@ -363,6 +386,9 @@ def _line(r: dict) -> str:
             f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
             f"{aa.get('p99_ms') or 0:.2f} ms; "
             f"auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
+            f"  slow (over {SLOW}x stock's p50) by tuning step: "
+            + ("; ".join(f"{x['step']} {x['slow']} of {x['served']}" for x in r.get("slow_by_step", []) if x["slow"])
+               or "none") + "\n"
             f"  verdicts: {v}")
 
 
