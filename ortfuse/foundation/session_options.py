@@ -56,6 +56,14 @@ def tune_mode(sess_options) -> str:
     return "background"
 
 
+def sleep_after_runs(so) -> None:
+    """Make the pool threads of sessions made with ``so`` sleep after a run instead of spinning
+    (both of ORT's spinning entries "0"; an entry already "0" is left as it is: ORT warns on a rewrite)."""
+    for key in (INTRA_OP_SPINNING, INTER_OP_SPINNING):
+        if config_entry(so, key) != "0":
+            so.add_session_config_entry(key, "0")
+
+
 def make_options(level=None, *, threads: int = 0, spinning: bool = True, quiet: bool = False,
                  precision: str | None = None):
     """A new ``onnxruntime.SessionOptions``: graph optimization ``level`` (a ``GraphOptimizationLevel``
@@ -70,8 +78,7 @@ def make_options(level=None, *, threads: int = 0, spinning: bool = True, quiet: 
     if threads:
         so.intra_op_num_threads = int(threads)
     if not spinning:
-        so.add_session_config_entry(INTRA_OP_SPINNING, "0")
-        so.add_session_config_entry(INTER_OP_SPINNING, "0")
+        sleep_after_runs(so)
     if quiet:
         so.log_severity_level = 3  # ORT's warnings would break tables and progress bars
     if precision:

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from ortfuse.foundation import child_process
-from ortfuse.foundation.session_options import DIMS_KEY, INTRA_OP_SPINNING, PRECISION_OPTION, config_entry
+from ortfuse.foundation.session_options import DIMS_KEY, PRECISION_OPTION, config_entry, sleep_after_runs
 
 POLL_S = 0.02
 _OPTION_ENTRIES = (DIMS_KEY, PRECISION_OPTION)
@@ -209,8 +209,8 @@ def _check(source, options, prepared, feeds: list[dict]) -> str:
 
     options = options if options is not None else ort.SessionOptions()
     for so in (options, prepared.sess_options):
-        if so is not None and config_entry(so, INTRA_OP_SPINNING) != "0":
-            so.add_session_config_entry(INTRA_OP_SPINNING, "0")
+        if so is not None:
+            sleep_after_runs(so)
     cpu = ["CPUExecutionProvider"]
     stock = ort.InferenceSession(source, options, providers=cpu)
     fused = ort.InferenceSession(prepared.source, prepared.sess_options, providers=cpu,
