@@ -63,10 +63,12 @@ printed beside its A/A ratio (second stock session over the first, each on half 
 wider noise floor than the figure's). ``--passes N`` repeats the whole run
 in N fresh processes; the verdicts are then judged on the medians over passes, each pass's ratio
 and A/A shown. The JSON file (``--json``: a folder takes ``auto_bench-<models>-<date>.json``) holds
-the raw latencies, every served request (arrival, block, state, ms), the live tuning's steps on the
-same clock (``tuning_timeline``: child started / ended, plan prepared, the plan's session built and
-checked, swapped), the requests served while tuning counted by the step in effect when each
-arrived with those over 1.5x stock's p50 (``slow_by_step``: where the slow ones fall), settings,
+the raw latencies, every served request (arrival, block, state, ms, the tuning process in the gap
+before it: running, stopped or none, and the serving thread's wake-up in ms), the live tuning's
+steps on the same clock (``tuning_timeline``: child started / ended, plan prepared, the plan's
+session built and checked, swapped), the requests served while tuning counted by the step in
+effect when each arrived with those over 1.5x stock's p50 (``slow_by_step``: where the slow ones
+fall) and grouped by the tuning process in the gap before them (``by_gap``), settings,
 statuses, the auto report's notes, the fusion=True session's (its layout plan) and the environment.
 """
 
@@ -225,11 +227,14 @@ def child(name: str, args) -> dict:
                 label = label or state()
                 arrival = next_arrival[0]  # the request arrived then: a late wake-up is part of its latency
                 time.sleep(max(0.0, arrival - time.perf_counter()))
+                woke = time.perf_counter()
+                process = gap_state(live.served if live is not None else None)
                 session.run(None, feeds[count[0] % 8])
                 end = time.perf_counter()
                 ms = (end - arrival) * 1e3
                 lat.setdefault(f"{block}_{label}", []).append(ms)
-                trace.append((round(arrival - started, 4), block, label, round(ms, 3)))
+                trace.append((round(arrival - started, 4), block, label, round(ms, 3), process,
+                              round((woke - arrival) * 1e3, 4)))
                 count[0] += block == "auto"
                 next_arrival[0] = end + gap
         finally:
@@ -314,6 +319,7 @@ def child(name: str, args) -> dict:
         "time_to_plan": auto.time_to_plan,
         "tuning_timeline": timeline,
         "slow_by_step": slow_by_step(trace, timeline, _pct(first + second, 0.5)),
+        "by_gap": by_gap(trace),
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
         "alone": args.alone,
@@ -324,6 +330,30 @@ def child(name: str, args) -> dict:
         "verdicts": verdicts, "latencies_ms": lat, "served_trace": trace, "interleaved_ms": raw,
         "environment": env_before, "load_average_after": os.getloadavg(),
     }
+
+
+def gap_state(served) -> str:
+    """The tuning process in the gap a request arrives after: ``running`` (continued), ``stopped``
+    (kept stopped: ``ServedRuns.held``, or a stock block holds it) or ``none`` (no tuning process)."""
+    if served is None or served.child is None:
+        return "none"
+    return "stopped" if served.held or served.inflight else "running"
+
+
+def by_gap(trace: list) -> dict:
+    """Requests served while auto recorded and tuned, by block and by the tuning process's state in
+    the gap before each (``gap_state``): how many, their p50 and the p50 of the serving thread's
+    wake-up (arrival to the start of the run: a late wake-up is part of a request's latency)."""
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for _, block, state, ms, *rest in trace:
+        if state not in DURING or len(rest) < 2:
+            continue
+        process, wake = rest[:2]
+        ms_list, wakes = groups.setdefault(f"{block}_{process}" if block == "auto" else block, ([], []))
+        ms_list.append(ms)
+        wakes.append(wake)
+    return {k: {"n": len(v), "p50_ms": _pct(v, 0.5), "wake_p50_ms": _pct(w, 0.5)}
+            for k, (v, w) in sorted(groups.items())}
 
 
 # -------------------------------------------------------------------------------------------- parent
@@ -337,7 +367,7 @@ def slow_by_step(trace: list, timeline: list, stock_p50_ms: float | None) -> lis
     arrived (the last ``timeline`` event at or before it; "recording" before the first), with how
     many took over ``SLOW`` x stock's p50: where the slow ones fall, on the same clock."""
     rows: dict[str, dict] = {}
-    for arrival, block, state, ms in trace:
+    for arrival, block, state, ms, *_ in trace:
         if block != "auto" or state not in DURING:
             continue
         step = next((event for event, t in reversed(timeline) if t <= arrival), "recording")
@@ -386,6 +416,9 @@ def _line(r: dict) -> str:
             f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
             f"{aa.get('p99_ms') or 0:.2f} ms; "
             f"auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
+            f"  while tuning, by the tuning process in the gap before (p50 ms; serving thread's wake-up p50 ms): "
+            + (", ".join(f"{k} n={g['n']} {g['p50_ms']:.3f} (wake {g['wake_p50_ms']:.3f})"
+                         for k, g in r.get("by_gap", {}).items()) or "none") + "\n"
             f"  slow (over {SLOW}x stock's p50) by tuning step: "
             + ("; ".join(f"{x['step']} {x['slow']} of {x['served']}" for x in r.get("slow_by_step", []) if x["slow"])
                or "none") + "\n"
