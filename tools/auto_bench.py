@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import gzip
 import json
 import os
 import shutil
@@ -93,7 +92,6 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
-MAX_RESULT_BYTES = 2 << 20  # the repository's limit per file: a larger result file is written gzipped
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
 P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
 DURING = ("recording", "tuning")  # auto's states before its final plan
@@ -379,7 +377,9 @@ def slow_by_step(trace: list, timeline: list, stock_p50_ms: float | None) -> lis
     return list(rows.values())
 
 
-def run_child(name: str, args) -> dict:
+def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
+    """``script --child name`` (this tool's, or another's that serves the same way) in a fresh process
+    with a new empty ``ORTFUSE_CACHE_DIR``, the machine's ops library and numba cache; its RESULT line."""
     from ortfuse.custom_ops.aot.library import library_path
     from ortfuse.foundation.cache_paths import NUMBA, cache_dir
 
@@ -387,9 +387,10 @@ def run_child(name: str, args) -> dict:
     env.setdefault("NUMBA_CACHE_DIR", str(cache_dir(NUMBA)))
     env.setdefault("ORTFUSE_OPS_LIBRARY", str(library_path()))
     env.pop("ORTFUSE_TUNE", None)
-    argv = [sys.executable, __file__, "--child", name, *sys.argv[1:]]
+    argv = [sys.executable, script, "--child", name, *sys.argv[1:]]
+    timeout_s = args.wait + 900 if timeout_s is None else timeout_s
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=args.wait + 900)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=timeout_s)
     finally:  # the run's empty cache, filled by this run only (plans, decisions, layout choices)
         shutil.rmtree(env["ORTFUSE_CACHE_DIR"], ignore_errors=True)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -523,20 +524,12 @@ def main(argv: list[str] | None = None) -> int:
             pools.append(pooled(name, passes))
             print(_pooled_line(pools[-1]), flush=True)
     if args.json:
-        from ortfuse.bench.output import result_file
+        from ortfuse.bench.output import save_result
 
         stem = f"auto_bench-{'+'.join(map(label, names))}-{_dt.date.today().isoformat()}"
-        target = Path(result_file(args.json, stem))
-        # compact: a served-traffic run keeps every request's latency, thousands per model; over the
-        # repository's 2 MiB per file, gzipped (benchmarks/results/README.md)
-        text = json.dumps({"tool": "auto_bench", "settings": vars(args), "results": results, "pooled": pools},
-                          separators=(",", ":"))
-        if len(text) > MAX_RESULT_BYTES:
-            target = target.with_name(target.name + ".gz")
-            target.write_bytes(gzip.compress(text.encode()))
-        else:
-            target.write_text(text)
-        print(f"wrote {target}")
+        # compact: a served-traffic run keeps every request's latency, thousands per model
+        doc = {"tool": "auto_bench", "settings": vars(args), "results": results, "pooled": pools}
+        print(f"wrote {save_result(doc, args.json, stem, compact=True)}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning", "p50_tuning")
     judged = pools if pools else results
     ok = all("error" not in r and all(r["verdicts"][k] is not False for k in targets) for r in judged)

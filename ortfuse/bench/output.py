@@ -254,9 +254,21 @@ def result_file(target: str, stem: str) -> str:
     return path
 
 
-def save_result(doc: dict, target: str, stem: str) -> str:
-    """Write ``doc`` as indented JSON where ``--json TARGET`` says (``result_file``); returns the path."""
-    path = result_file(target, stem)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1))
-    return path
+MAX_RESULT_BYTES = 2 << 20  # the repository's limit per file: a larger result file is written gzipped
+
+
+def save_result(doc: dict, target: str, stem: str, compact: bool = False) -> str:
+    """Write ``doc`` as indented JSON where ``--json TARGET`` says (``result_file``); returns the path.
+    ``compact``: no indentation (a result with thousands of raw rows), and gzipped (``.gz`` appended)
+    when over ``MAX_RESULT_BYTES`` (benchmarks/results/README.md)."""
+    path = Path(result_file(target, stem))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, separators=(",", ":")) if compact else json.dumps(doc, indent=1)
+    if compact and len(text) > MAX_RESULT_BYTES:
+        import gzip
+
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return str(path)
