@@ -24,6 +24,7 @@ import datetime as _dt
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,14 +54,17 @@ class TimedC:
 
 def summary(rows: list[dict]) -> dict:
     """p50 (ms) of each part over ``rows`` per session, with auto's and the A/A's differences from stock
-    (µs)."""
+    (µs); ``auto_quiet``: auto's requests in which the serving thread sent no signal."""
     out: dict = {}
-    for block in ("auto", "stock", "stock_aa"):
-        picked = [r for r in rows if r["block"] == block]
+    groups = {"auto": lambda r: r["block"] == "auto",
+              "auto_quiet": lambda r: r["block"] == "auto" and not r.get("signals"),
+              "stock": lambda r: r["block"] == "stock", "stock_aa": lambda r: r["block"] == "stock_aa"}
+    for block, keep in groups.items():
+        picked = [r for r in rows if keep(r)]
         if picked:
             out[block] = {"n": len(picked), **{p: statistics.median(r[p] for r in picked) for p in PARTS}}
     if "stock" in out:
-        for block in ("auto", "stock_aa"):
+        for block in ("auto", "auto_quiet", "stock_aa"):
             if block in out:
                 out[f"{block}_minus_stock_us"] = {p: round((out[block][p] - out["stock"][p]) * 1e3, 1)
                                                   for p in PARTS}
@@ -85,11 +89,13 @@ def child(model: str, args) -> dict:
 
     signals: list[tuple[str, float]] = []
     send = served_runs._signal
+    serving, sent = threading.get_ident(), [0]  # signals the serving thread sent so far
 
     def timed_signal(process, name: str) -> None:
         start = time.perf_counter()
         send(process, name)
         signals.append((name, round((time.perf_counter() - start) * 1e6, 2)))
+        sent[0] += threading.get_ident() == serving
 
     served_runs._signal = timed_signal
     path, feeds = auto_bench.model_and_feeds(model)
@@ -126,13 +132,14 @@ def child(model: str, args) -> dict:
         try:
             for i in range(args.block):
                 time.sleep(max(0.0, arrival - time.perf_counter()))
-                woke = time.perf_counter()
+                woke, before = time.perf_counter(), sent[0]
                 session.run(None, feeds[i % 8])
                 end = time.perf_counter()
                 c_start, c_end = marks[block]
                 rows.append({"block": block, "tuning": tuning, "total": (end - arrival) * 1e3,
                              "wake": (woke - arrival) * 1e3, "pre": (c_start - woke) * 1e3,
-                             "c_run": (c_end - c_start) * 1e3, "post": (end - c_end) * 1e3})
+                             "c_run": (c_end - c_start) * 1e3, "post": (end - c_end) * 1e3,
+                             "signals": sent[0] - before})
                 arrival = end + gap
         finally:
             if held is not None:
@@ -141,7 +148,7 @@ def child(model: str, args) -> dict:
     while_tuning = [r for r in rows if r["tuning"]]
     return {"model": model, "gap_ms": gap * 1e3, "final_status": sessions["auto"].fusion_status,
             "served": len(rows), "while_tuning": summary(while_tuning), "signals": signal_summary(signals),
-            "rows": [[r["block"], r["tuning"], *(round(r[p], 4) for p in PARTS)] for r in rows],
+            "rows": [[r["block"], r["tuning"], *(round(r[p], 4) for p in PARTS), r["signals"]] for r in rows],
             "signal_us": signals}
 
 
@@ -151,10 +158,10 @@ def line(r: dict) -> str:
     s = r["while_tuning"]
     head = f"{r['model']}: gap {r['gap_ms']:.2f} ms; {r['served']} served; final: {r['final_status'][:60]}"
     rows = [f"  {'while tuning':14} {'n':>5} " + " ".join(f"{p:>7}" for p in PARTS) + "  (p50 ms)"]
-    for block in ("auto", "stock", "stock_aa"):
+    for block in ("auto", "auto_quiet", "stock", "stock_aa"):
         if block in s:
             rows.append(f"  {block:14} {s[block]['n']:>5} " + " ".join(f"{s[block][p]:7.3f}" for p in PARTS))
-    for block in ("auto", "stock_aa"):
+    for block in ("auto", "auto_quiet", "stock_aa"):
         key = f"{block}_minus_stock_us"
         if key in s:
             rows.append(f"  {block + ' - stock':14} {'':>5} " + " ".join(f"{s[key][p]:7.1f}" for p in PARTS) + "  (us)")
