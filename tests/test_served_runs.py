@@ -50,6 +50,38 @@ def test_after_short_runs_the_process_runs_in_one_gap_of_spread(monkeypatch):
     assert served.held == (3 * served_runs.SPREAD % served_runs.SPREAD != 0)
 
 
+def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
+    """Where a signal from the serving path takes more than ``SIGNAL_SHARE`` of a short run (the
+    stated clock: each signal advances it), after ``SIGNAL_SAMPLES`` short gaps the process runs in one
+    gap of ``SPREAD_COSTLY``; cheap signals keep ``SPREAD``."""
+    short = served_runs.SHORT_RUN_S / 10
+    for signal_s, spread in ((2 * served_runs.SIGNAL_SHARE * short, served_runs.SPREAD_COSTLY),
+                             (served_runs.SIGNAL_SHARE * short / 2, served_runs.SPREAD)):
+        served, signals, clock, _ = _served(monkeypatch)
+
+        def slow(process, name, signals=signals, clock=clock, signal_s=signal_s):
+            signals.append(name)
+            clock[0] += signal_s
+
+        monkeypatch.setattr(served_runs, "_signal", slow)
+        for _ in range(served_runs.SIGNAL_SAMPLES):
+            _run(served, clock, short)
+        assert served.spread == spread
+        before = signals.count("SIGCONT")
+        for _ in range(3 * spread):
+            _run(served, clock, short)
+        assert signals.count("SIGCONT") - before == 3
+
+
+def test_the_spread_rule_compares_medians():
+    assert served_runs.spread_for([], [0.001]) == served_runs.SPREAD  # nothing measured yet
+    share = served_runs.SIGNAL_SHARE
+    assert served_runs.spread_for([0.9 * share * 1e-3] * 5, [1e-3] * 5) == served_runs.SPREAD
+    assert served_runs.spread_for([1.1 * share * 1e-3] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
+    # one slow signal among cheap ones does not change it
+    assert served_runs.spread_for([0.5 * share * 1e-3] * 4 + [1.0], [1e-3] * 5) == served_runs.SPREAD
+
+
 def test_after_a_long_run_the_process_runs_at_once(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
     for _ in range(4):

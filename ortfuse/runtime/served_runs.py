@@ -38,12 +38,19 @@ from ortfuse.foundation import yielding
 from ortfuse.foundation.messages import one_sentence
 
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
-# A served run shorter than SHORT_RUN_S pays a visible share for the caches the tuning process evicted
-# in the gap before it: after such runs the process is continued in one gap of SPREAD only (or once
-# the session has been idle HOLD_S), so that most requests find their caches as stock ORT leaves them
-# (python tools/auto_bench.py --models ppocr_mobile_v2_cls: p50 of the requests served while tuning)
+# A request in whose path the serving thread stops or continues the tuning process pays for the signal
+# (the system call, which wakes or interrupts the process's threads on other cores, and what follows);
+# after a served run shorter than SHORT_RUN_S that is a visible share of the request, so the process is
+# continued in one gap of SPREAD only (or once the session has been idle HOLD_S) and most requests
+# carry no signal. Where a signal takes more than SIGNAL_SHARE of a short run (medians of the last
+# SIGNAL_SAMPLES of each), the requests that carry one would exceed the p50 allowed while tuning on
+# their own: SPREAD_COSTLY then, at most a third of the requests carry one and the p50 falls among
+# those that carry none (python tools/served_path.py --models tiny_ffn: auto_quiet against auto)
 SHORT_RUN_S = 0.005
 SPREAD = 3
+SPREAD_COSTLY = 6
+SIGNAL_SHARE = 0.05
+SIGNAL_SAMPLES = 16
 HOLD_S = 0.01
 GAPS = 8  # the recent gaps between served runs wait_gap_start reads the session's rhythm from
 
@@ -74,6 +81,9 @@ class ServedRuns:
         self.held = False  # the tuning process is kept stopped in this gap (after a short served run)
         self._began = self._ended = 0.0  # when the served runs in flight began and when they last ended
         self._short_gaps = 0  # gaps after short served runs so far
+        self.spread = SPREAD  # the gaps after short runs the process runs in one of (``spread_for``)
+        self._signal_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # on the serving path
+        self._short_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # short runs' durations
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
@@ -113,7 +123,7 @@ class ServedRuns:
                 if self._ended:
                     self._gaps.append(self._began - self._ended)
                 if self.child is not None and not self.held:
-                    _signal(self.child, "SIGSTOP")
+                    self._send("SIGSTOP")
         if record and feeds is not None:
             self._tuning.record(feeds)
 
@@ -128,7 +138,7 @@ class ServedRuns:
                 self.idle.notify_all()
                 self._ended = time.perf_counter()
                 if self.child is not None:
-                    self._continue_locked(self._ended - self._began < SHORT_RUN_S)
+                    self._continue_locked(self._ended - self._began)
                 if release and self.retired:
                     retired, self.retired = self.retired, []
         del retired  # the replaced C sessions go here, outside the lock
@@ -185,13 +195,25 @@ class ServedRuns:
                 else:
                     self.idle.wait(0.05)
 
-    def _continue_locked(self, short: bool) -> None:
-        """No served run in flight: continue the tuning process, unless the run that just ended was
-        short and this is not the gap of ``SPREAD`` in which it runs (``held``; ``resume_if_idle``)."""
-        self._short_gaps += short
-        self.held = short and self._short_gaps % SPREAD != 0
+    def _continue_locked(self, run_s: float) -> None:
+        """No served run in flight: continue the tuning process, unless the run that just ended (``run_s``
+        seconds) was short and this is not the gap of ``spread`` in which it runs (``held``;
+        ``resume_if_idle``)."""
+        short = run_s < SHORT_RUN_S
+        if short:
+            self._short_gaps += 1
+            self._short_s.append(run_s)
+            if self._short_gaps % SIGNAL_SAMPLES == 0:
+                self.spread = spread_for(self._signal_s, self._short_s)
+        self.held = short and self._short_gaps % self.spread != 0
         if not self.held:
-            _signal(self.child, "SIGCONT")
+            self._send("SIGCONT")
+
+    def _send(self, name: str) -> None:
+        """Signal the tuning process from the serving path, timed (``spread_for``)."""
+        start = time.perf_counter()
+        _signal(self.child, name)
+        self._signal_s.append(time.perf_counter() - start)
 
     def resume_if_idle(self) -> None:
         """Continue a held tuning process once no served run has been in flight for ``HOLD_S`` (the
@@ -249,6 +271,15 @@ class ServedRuns:
             if not self.inflight:
                 retired, self.retired = self.retired, []
         del retired
+
+
+def spread_for(signal_s: Iterable[float], short_s: Iterable[float]) -> int:
+    """``SPREAD_COSTLY`` when the median signal sent from the serving path takes more than
+    ``SIGNAL_SHARE`` of the median short served run, else ``SPREAD`` (also with no samples)."""
+    signals, runs = sorted(signal_s), sorted(short_s)
+    if not signals or not runs:
+        return SPREAD
+    return SPREAD_COSTLY if signals[len(signals) // 2] > SIGNAL_SHARE * runs[len(runs) // 2] else SPREAD
 
 
 def bound_elsewhere(session, iobinding):
