@@ -254,6 +254,8 @@ class InferenceSession(_ort.InferenceSession):
             if self._ortfuse_reference_inputs is None:  # the hot path: ORT's run and nothing else
                 return _ORT_RUN(self, output_names, input_feed, run_options)
             return self._ortfuse_run(output_names, input_feed, run_options)
+        if self._ortfuse_reference_inputs is None:
+            return live.counted(input_feed, _ORT_RUN, self, output_names, input_feed, run_options)
         return live.counted(input_feed, self._ortfuse_run, output_names, input_feed, run_options)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):

@@ -67,7 +67,8 @@ class Yielder:
     def served_locked(self) -> None:
         """A served run starts (the caller holds ``cond``'s lock): abort the tuning runs in flight."""
         self.epoch += 1
-        self.abort_locked()
+        if self._active:
+            self.abort_locked()
 
     def abort_locked(self) -> None:
         """Abort the tuning runs in flight (the caller holds ``cond``'s lock): a served run starts,
@@ -149,24 +150,22 @@ class SharedCounts:
         self.path = path
         with open(path, "r+b" if create else "rb") as fh:
             self._map = mmap.mmap(fh.fileno(), self.SIZE, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_READ)
+        self._q = memoryview(self._map).cast("Q")  # each field one aligned 8-byte load or store
 
     def read(self) -> tuple[int, int]:
         """(epoch, runs in flight)."""
-        import struct
-
-        return struct.unpack_from("QQ", self._map, 0)
+        q = self._q
+        return q[0], q[1]
 
     def served(self) -> None:
-        import struct
-
-        epoch, inflight = self.read()
-        struct.pack_into("QQ", self._map, 0, epoch + 1, inflight + 1)
+        q = self._q
+        q[0] += 1
+        q[1] += 1
 
     def ended(self) -> None:
-        import struct
-
-        epoch, inflight = self.read()
-        struct.pack_into("QQ", self._map, 0, epoch, max(inflight - 1, 0))
+        q = self._q
+        if q[1]:
+            q[1] -= 1
 
 
 class ProcessYielder:

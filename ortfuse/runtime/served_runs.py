@@ -129,19 +129,21 @@ class ServedRuns:
 
     def end(self, release: bool = True) -> None:
         """A run ended; ``release``: this thread may release replaced C sessions (never an ORT thread)."""
-        retired: list = []
+        retired = None
         with self.lock:
             self.inflight -= 1
             if self.counts is not None:
                 self.counts.ended()
             if self.inflight == 0:
-                self.idle.notify_all()
+                if getattr(self.idle, "_waiters", True):  # CPython's list of waiters: no call when empty
+                    self.idle.notify_all()
                 self._ended = time.perf_counter()
                 if self.child is not None:
                     self._continue_locked(self._ended - self._began)
                 if release and self.retired:
                     retired, self.retired = self.retired, []
-        del retired  # the replaced C sessions go here, outside the lock
+        if retired:
+            del retired  # the replaced C sessions go here, outside the lock
         if release and not self._tuning.running and not self._tuning.recording:
             self.detach_if_idle()
 
