@@ -1,7 +1,12 @@
 """tools/auto_bench.py: the served requests while tuning, counted by the tuning step in effect when
-each arrived (``slow_by_step``), on a stated trace (no timing asserted)."""
+each arrived (``slow_by_step``), on a stated trace (no timing asserted); and the checkout whose
+ortfuse the tool measures."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import tool_modules
 
@@ -42,3 +47,20 @@ def test_the_gap_state_reads_the_serving_side_of_the_live_tuning():
     assert tool.gap_state(types.SimpleNamespace(child=object(), held=False, inflight=0)) == "running"
     assert tool.gap_state(types.SimpleNamespace(child=object(), held=True, inflight=0)) == "stopped"
     assert tool.gap_state(types.SimpleNamespace(child=object(), held=False, inflight=1)) == "stopped"
+
+
+def test_the_tool_measures_the_ortfuse_of_its_own_checkout(tmp_path):
+    """A PYTHONPATH that holds another ortfuse does not change which one the tool measures: its own
+    checkout comes first (``checkout`` says which ran; to compare two trees, run each tree's tool)."""
+    decoy = tmp_path / "ortfuse"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    path = str(tool_modules.TOOLS / "auto_bench.py")
+    script = ("import importlib.util\n"
+              f"spec = importlib.util.spec_from_file_location('auto_bench', {path!r})\n"
+              "tool = importlib.util.module_from_spec(spec); spec.loader.exec_module(tool)\n"
+              "print(tool.checkout())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tool_modules.TOOLS.parent)

@@ -88,7 +88,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing
+# the tool measures the ortfuse of its own checkout, first on the path before any PYTHONPATH or
+# install: to compare two trees, run each tree's own tool (``checkout`` prints which one ran)
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
@@ -377,6 +379,13 @@ def slow_by_step(trace: list, timeline: list, stock_p50_ms: float | None) -> lis
     return list(rows.values())
 
 
+def checkout() -> str:
+    """The folder the ortfuse this process measures was imported from."""
+    import ortfuse
+
+    return str(Path(ortfuse.__file__).resolve().parents[1])
+
+
 def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
     """``script --child name`` (this tool's, or another's that serves the same way) in a fresh process
     with a new empty ``ORTFUSE_CACHE_DIR``, the machine's ops library and numba cache; its RESULT line."""
@@ -506,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args)))
         return 0
+    print(f"ortfuse from {checkout()}", flush=True)
     from ortfuse.models import NAMES, public
 
     groups = {"all": list(NAMES), "public": list(public.NAMES)}
@@ -528,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
 
         stem = f"auto_bench-{'+'.join(map(label, names))}-{_dt.date.today().isoformat()}"
         # compact: a served-traffic run keeps every request's latency, thousands per model
-        doc = {"tool": "auto_bench", "settings": vars(args), "results": results, "pooled": pools}
+        doc = {"tool": "auto_bench", "ortfuse_from": checkout(), "settings": vars(args), "results": results,
+               "pooled": pools}
         print(f"wrote {save_result(doc, args.json, stem, compact=True)}")
     targets = ("tuned", "auto_vs_stock", "auto_vs_fusion_true", "p99_tuning", "p50_tuning")
     judged = pools if pools else results

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args)))
         return 0
+    print(f"ortfuse from {auto_bench.checkout()}", flush=True)
     names = [n for n in args.models.split(",") if n]
     results = []
     for name in names:
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         from ortfuse.bench.output import save_result
 
         stem = f"served_path-{'+'.join(map(auto_bench.label, names))}-{_dt.date.today().isoformat()}"
-        doc = {"tool": "served_path", "settings": vars(args), "results": results, "environment": environment()}
+        doc = {"tool": "served_path", "ortfuse_from": auto_bench.checkout(), "settings": vars(args),
+               "results": results, "environment": environment()}
         print(f"wrote {save_result(doc, args.json, stem, compact=True)}")
     return 0 if all("error" not in r for r in results) else 1
 
