@@ -88,8 +88,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the tool measures the ortfuse of its own checkout, first on the path before any PYTHONPATH or
-# install: to compare two trees, run each tree's own tool (``checkout`` prints which one ran)
+# the tool measures the ortfuse of its own checkout, put first on the path (before any PYTHONPATH)
+# unless the path already holds it: to compare two trees, run each tree's own tool (``checkout``
+# prints which one ran)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
