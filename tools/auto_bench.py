@@ -85,6 +85,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,14 +210,13 @@ def child(name: str, args) -> dict:
     count = [0]
     reached = threading.Event()
     lat: dict[str, list[float]] = {}
-    trace: list[tuple[float, str, str, float]] = []  # (start s, block, auto's state, ms)
+    trace: list[tuple[float, str, str, float, str, float]] = []  # (arrival s, block, state, ms, gap_state, wake ms)
 
     def state() -> str:
         status = auto.fusion_status
         if status != statuses[-1]:
             statuses.append(status)
-        return ("recording" if status.startswith("serving stock ORT, recording") else
-                "tuning" if status.startswith("tuning") else "after")
+        return phase(status)
 
     def serve_block(block: str, label: str = "") -> None:
         session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
@@ -333,6 +333,12 @@ def child(name: str, args) -> dict:
     }
 
 
+def phase(status: str) -> str:
+    """Auto's state by its ``fusion_status``: ``recording``, ``tuning`` (both ``DURING``) or ``after``."""
+    return ("recording" if status.startswith("serving stock ORT, recording") else
+            "tuning" if status.startswith("tuning") else "after")
+
+
 def gap_state(served) -> str:
     """The tuning process in the gap a request arrives after: ``running`` (continued), ``stopped``
     (kept stopped: ``ServedRuns.held``, or a stock block holds it) or ``none`` (no tuning process)."""
@@ -385,6 +391,15 @@ def checkout() -> str:
     import ortfuse
 
     return str(Path(ortfuse.__file__).resolve().parents[1])
+
+
+def child_answered(args, child: Callable[[str, argparse.Namespace], dict]) -> bool:
+    """In a ``--child`` process: ``child(args.child, args)`` printed as the RESULT line ``run_child``
+    reads, and True; else False."""
+    if not args.child:
+        return False
+    print("RESULT " + json.dumps(child(args.child, args)))
+    return True
 
 
 def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
@@ -513,8 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        print("RESULT " + json.dumps(child(args.child, args)))
+    if child_answered(args, child):
         return 0
     print(f"ortfuse from {checkout()}", flush=True)
     from ortfuse.models import NAMES, public

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import statistics
 import sys
 import threading
@@ -124,8 +123,7 @@ def child(model: str, args) -> dict:
         session = sessions[block]
         if not isinstance(session._sess, TimedC):  # a new C session (a swap): timed from now on
             session._sess = TimedC(session._sess, block, marks)
-        status = sessions["auto"].fusion_status
-        tuning = status.startswith(("serving stock ORT, recording", "tuning"))
+        tuning = auto_bench.phase(sessions["auto"].fusion_status) in auto_bench.DURING
         held = live.served if live is not None and block != "auto" else None
         if held is not None:
             held.begin()
@@ -180,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        print("RESULT " + json.dumps(child(args.child, args)))
+    if auto_bench.child_answered(args, child):
         return 0
     print(f"ortfuse from {auto_bench.checkout()}", flush=True)
     names = [n for n in args.models.split(",") if n]

@@ -142,8 +142,7 @@ class ServedRuns:
                     self._continue_locked(self._ended - self._began)
                 if release and self.retired:
                     retired, self.retired = self.retired, []
-        if retired:
-            del retired  # the replaced C sessions go here, outside the lock
+        del retired  # the replaced C sessions go here, outside the lock
         if release and not self._tuning.running and not self._tuning.recording:
             self.detach_if_idle()
 
