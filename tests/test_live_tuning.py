@@ -396,6 +396,59 @@ def test_the_tuning_stops_when_its_budget_is_spent(winning):
     _check(session, _stock(model), ffn_inputs())
 
 
+def test_stopping_the_tuning_leaves_no_lock_held(monkeypatch):
+    """The gate stops the tuning by raising from the thread's profile hook. Python delivers that raise
+    as if the code whose event fired raised there: at a C return inside a Condition's ``__enter__`` the
+    lock is taken and the with never releases it. Seen at any event of a with on the session's
+    condition, the stop leaves the lock free and lands as the next tuning function begins."""
+    from ortfuse.ir import metadata
+
+    monkeypatch.setattr(live_tuning, "CHECK_EVERY", 1)  # the stop is looked for at every event
+    session = ortfuse.InferenceSession(ffn_matmul_add_relu(), fusion="auto")
+    live, served = session._ortfuse_live, session._ortfuse_live.served
+    events: list[tuple[str, object]] = []
+
+    def serve_and_work(stop_at: int) -> list[str]:
+        gate, count, outcome = live._gate(), [0], []
+
+        def hook(frame, event, arg):
+            count[0] += 1
+            events.append((event, frame.f_code))
+            if count[0] == stop_at:
+                live._stop = True
+            gate(frame, event, arg)
+
+        def body():
+            sys.setprofile(hook)
+            try:
+                with served.idle:
+                    served.idle.wait(0)
+                metadata.read_props(onnx.ModelProto())  # a tuning function: where the stop may land
+                outcome.append("ran on")
+            except live_tuning._Stopped:
+                outcome.append("stopped")
+            finally:
+                sys.setprofile(None)
+
+        live._stop = False
+        thread = threading.Thread(target=body)
+        thread.start()
+        thread.join(WAIT_S)
+        return outcome
+
+    assert serve_and_work(stop_at=0) == ["ran on"]
+    work = next(i for i, (event, code) in enumerate(events, 1)
+                if event == "call" and code is metadata.read_props.__code__)
+    assert work > 4, events  # the with's own events come first
+    for stop_at in range(1, work + 1):
+        events.clear()
+        assert serve_and_work(stop_at) == ["stopped"], f"a stop seen at event {stop_at} of {events}"
+        assert served.lock.acquire(timeout=5), f"a stop seen at event {stop_at} left the lock held: {events}"
+        served.lock.release()
+    live._stop = False
+    _check(session, _stock(ffn_matmul_add_relu()), ffn_inputs())
+
+
 def test_wait_tuned_times_out_while_tuning_runs(monkeypatch):
     reached, release = threading.Event(), threading.Event()
 
