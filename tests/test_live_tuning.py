@@ -449,6 +449,33 @@ def test_stopping_the_tuning_leaves_no_lock_held(monkeypatch):
     _check(session, _stock(ffn_matmul_add_relu()), ffn_inputs())
 
 
+def test_stop_points_are_the_tuning_functions_as_they_begin():
+    """The gate may raise only at a ``call`` event of a tuning function that is not a generator's
+    resumption (``runtime.stop_points``); never at C calls or in another package's code."""
+    from ortfuse.ir import metadata
+    from ortfuse.runtime import stop_points
+
+    at_stop_point, seen = stop_points.checker(), []
+
+    def generated():
+        yield 1
+
+    def hook(frame, event, arg):
+        seen.append((frame.f_globals.get("__name__"), frame.f_code.co_name, event, at_stop_point(frame, event)))
+
+    sys.setprofile(hook)
+    try:
+        metadata.read_props(onnx.ModelProto())
+        list(generated())
+        threading.Lock().acquire(False)
+    finally:
+        sys.setprofile(None)
+    assert ("ortfuse.ir.metadata", "read_props", "call", True) in seen
+    # nothing else: C calls, this test's functions, a generator (its comprehension is read_props's own code)
+    assert {(module, event) for module, _, event, fit in seen if fit} == {("ortfuse.ir.metadata", "call")}
+    assert ("test_live_tuning", "generated", "call", False) in seen
+
+
 def test_wait_tuned_times_out_while_tuning_runs(monkeypatch):
     reached, release = threading.Event(), threading.Event()
 

@@ -47,7 +47,6 @@ starts a tuning on given feeds, in any mode. ``timeline``: the tuning's steps an
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import shutil
 import sys
@@ -62,6 +61,7 @@ from ortfuse.foundation.files import model_file
 from ortfuse.foundation.messages import one_sentence
 from ortfuse.foundation.session_options import PRECISION_OPTION, TUNE_BUDGET_KEY, config_entry
 from ortfuse.fusion.report import FusionReport
+from ortfuse.runtime import stop_points
 from ortfuse.runtime.recorded_feeds import FeedCopies, copy_feeds, representative, shapes_of
 from ortfuse.runtime.served_runs import ServedRuns, Unfit, remove, swap_unsupported
 from ortfuse.tune.output_check import check_sessions
@@ -75,15 +75,6 @@ HARD_STOP = 2.0  # the whole tuning (measuring, fusing, building, checking) stop
 WALL_STOP = 8.0
 IN_CHILD = True  # measure in a process of its own (runtime.tune_process) where it can be stopped (SIGSTOP)
 CHECK_EVERY = 64  # profile events between the tuning thread's clock checks
-# The gate stops the tuning by raising from the thread's profile hook, which Python delivers as if the
-# code whose event fired raised there: at a C call or return inside threading's Condition (the lock taken,
-# not yet the with's), in another package's cleanup or a lock's __exit__, that leaks the lock (the served
-# runs then wait on it for ever) or skips the cleanup. So it raises only as one of the tuning's own
-# functions begins, in these packages, never a generator's resumption: as if that function raised on its
-# first line (tests/test_live_tuning.py::test_stopping_the_tuning_leaves_no_lock_held)
-STOP_POINTS = ("ortfuse.fusion.", "ortfuse.tune.", "ortfuse.layout.", "ortfuse.ir.", "ortfuse.kernel_choice.",
-               "ortfuse.runtime.planning")
-_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 _live: weakref.WeakSet = weakref.WeakSet()  # tunings with a thread, stopped at interpreter exit
 
@@ -384,13 +375,13 @@ class LiveTuning:
 
     def _gate(self):
         """The tuning thread's profile hook: pause while a run is in flight; every ``CHECK_EVERY``
-        calls, at the next stop point (``STOP_POINTS``), stop when the session is gone, the work
+        calls, at the next stop point (``runtime.stop_points``), stop when the session is gone, the work
         exceeds ``HARD_STOP`` budgets or the wall-clock time ``WALL_STOP`` budgets. Kept to a few
         operations per call: it runs on every Python and C call of the thread."""
         clock, tick = time.perf_counter, [CHECK_EVERY]
         wall = WALL_STOP * self._budget
         served = self.served
-        stop_point: dict = {}  # code object -> whether the gate may raise as it begins
+        at_stop_point = stop_points.checker()
 
         def gate(frame, event, arg) -> None:
             if served.inflight:
@@ -404,15 +395,7 @@ class LiveTuning:
             tick[0] -= 1
             if tick[0] > 0:
                 return
-            if event != "call":
-                tick[0] = 1
-                return
-            code = frame.f_code
-            fit = stop_point.get(code)
-            if fit is None:
-                fit = stop_point[code] = (not code.co_flags & _RESUMABLE
-                                          and str(frame.f_globals.get("__name__", "")).startswith(STOP_POINTS))
-            if not fit:
+            if not at_stop_point(frame, event):  # raising here could leave a lock held
                 tick[0] = 1
                 return
             tick[0] = CHECK_EVERY
