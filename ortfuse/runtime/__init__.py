@@ -8,6 +8,7 @@ pipeline, the layout planner and the tuner, which import nothing of it.
     options_copy     the caller's SessionOptions copied, never changed: ortfuse.SessionOptions, registered copies
     live_tuning      fusion="auto" tuned on live traffic: the driver (feeds, thread, gates, checks)
     served_runs      its serving side: served runs counted in flight, the atomic swap of the C session
+    stop_points      where the tuning thread may be stopped without leaving a lock held
     tune_process     a live tuning's measuring in a process of its own
     recorded_feeds   the served feeds a live tuning records
 """
