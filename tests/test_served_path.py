@@ -29,6 +29,20 @@ def test_parts_are_summarised_per_session_with_their_difference_from_stock():
     assert "auto_minus_stock_us" not in tool.summary([r for r in rows if r["block"] == "auto"])  # no stock: none
 
 
+def test_auto_requests_are_also_summarised_by_the_signals_they_carried():
+    tool = tool_modules.load("served_path")
+    rows = [{**_row("auto", 0.40, 0.04, 0.03), "signals": ""},
+            {**_row("auto", 0.50, 0.09, 0.03), "signals": "STOP"},
+            {**_row("auto", 0.52, 0.04, 0.10), "signals": "CONT"},
+            {**_row("auto", 0.54, 0.04, 0.12), "signals": "CONT"},
+            {**_row("stock", 0.30, 0.02, 0.01), "signals": ""}]
+    s = tool.summary(rows)
+    assert {k: s[k]["n"] for k in ("auto", "auto_quiet", "auto_STOP", "auto_CONT")} == \
+        {"auto": 4, "auto_quiet": 1, "auto_STOP": 1, "auto_CONT": 2}
+    assert abs(s["auto_CONT"]["total"] - 0.53) < 1e-9 and s["auto_STOP_minus_stock_us"]["pre"] == 70.0
+    assert "stock_STOP" not in s and "auto_" not in s  # groups of auto's requests only, none for no signal
+
+
 def test_signals_are_counted_with_their_p50_and_p90():
     tool = tool_modules.load("served_path")
     sent = [("SIGSTOP", float(us)) for us in range(1, 11)] + [("SIGCONT", 50.0)]

@@ -28,7 +28,9 @@ arrival to its end: a serving thread that wakes late (a core taken) counts. ``--
 milliseconds (``50ms``) or a multiple of stock ORT's p50 on the model (``2x``, the default: the
 server is busy about a third of the time). A saturated server leaves tuning no idle time; auto then
 stays on stock ORT and says so. The requests cycle through 8 seeded sample feeds of the model's own
-shapes (``ortfuse.models``).
+shapes (``ortfuse.models``), one after the other across all blocks, so that every session's block
+serves the same feeds in the same order (a run's time depends on the feed before it: cycling
+through feeds is slower than repeating one).
 
 Phases:
 1. the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
@@ -230,7 +232,7 @@ def child(name: str, args) -> dict:
                 time.sleep(max(0.0, arrival - time.perf_counter()))
                 woke = time.perf_counter()
                 process = gap_state(live.served if live is not None else None)
-                session.run(None, feeds[count[0] % 8])
+                session.run(None, feeds[len(trace) % len(feeds)])  # every session the same feeds in turn
                 end = time.perf_counter()
                 ms = (end - arrival) * 1e3
                 lat.setdefault(f"{block}_{label}", []).append(ms)

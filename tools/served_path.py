@@ -53,17 +53,20 @@ class TimedC:
 
 def summary(rows: list[dict]) -> dict:
     """p50 (ms) of each part over ``rows`` per session, with auto's and the A/A's differences from stock
-    (µs); ``auto_quiet``: auto's requests in which the serving thread sent no signal."""
+    (µs); ``auto_quiet``: auto's requests in which the serving thread sent no signal, ``auto_STOP``,
+    ``auto_CONT``...: those in which it sent these signals (in that order)."""
     out: dict = {}
     groups = {"auto": lambda r: r["block"] == "auto",
               "auto_quiet": lambda r: r["block"] == "auto" and not r.get("signals"),
               "stock": lambda r: r["block"] == "stock", "stock_aa": lambda r: r["block"] == "stock_aa"}
+    for sent in sorted({r["signals"] for r in rows if r["block"] == "auto" and r.get("signals")}):
+        groups[f"auto_{sent}"] = lambda r, sent=sent: r["block"] == "auto" and r.get("signals") == sent
     for block, keep in groups.items():
         picked = [r for r in rows if keep(r)]
         if picked:
             out[block] = {"n": len(picked), **{p: statistics.median(r[p] for r in picked) for p in PARTS}}
     if "stock" in out:
-        for block in ("auto", "auto_quiet", "stock_aa"):
+        for block in [b for b in out if b.startswith("auto")] + ["stock_aa"]:
             if block in out:
                 out[f"{block}_minus_stock_us"] = {p: round((out[block][p] - out["stock"][p]) * 1e3, 1)
                                                   for p in PARTS}
@@ -88,13 +91,14 @@ def child(model: str, args) -> dict:
 
     signals: list[tuple[str, float]] = []
     send = served_runs._signal
-    serving, sent = threading.get_ident(), [0]  # signals the serving thread sent so far
+    serving, sent = threading.get_ident(), []  # signals the serving thread sent so far
 
     def timed_signal(process, name: str) -> None:
         start = time.perf_counter()
         send(process, name)
         signals.append((name, round((time.perf_counter() - start) * 1e6, 2)))
-        sent[0] += threading.get_ident() == serving
+        if threading.get_ident() == serving:
+            sent.append(name[3:])
 
     served_runs._signal = timed_signal
     path, feeds = auto_bench.model_and_feeds(model)
@@ -130,14 +134,14 @@ def child(model: str, args) -> dict:
         try:
             for i in range(args.block):
                 time.sleep(max(0.0, arrival - time.perf_counter()))
-                woke, before = time.perf_counter(), sent[0]
+                woke, before = time.perf_counter(), len(sent)
                 session.run(None, feeds[i % 8])
                 end = time.perf_counter()
                 c_start, c_end = marks[block]
                 rows.append({"block": block, "tuning": tuning, "total": (end - arrival) * 1e3,
                              "wake": (woke - arrival) * 1e3, "pre": (c_start - woke) * 1e3,
                              "c_run": (c_end - c_start) * 1e3, "post": (end - c_end) * 1e3,
-                             "signals": sent[0] - before})
+                             "signals": "+".join(sent[before:])})
                 arrival = end + gap
         finally:
             if held is not None:
@@ -156,10 +160,10 @@ def line(r: dict) -> str:
     s = r["while_tuning"]
     head = f"{r['model']}: gap {r['gap_ms']:.2f} ms; {r['served']} served; final: {r['final_status'][:60]}"
     rows = [f"  {'while tuning':14} {'n':>5} " + " ".join(f"{p:>7}" for p in PARTS) + "  (p50 ms)"]
-    for block in ("auto", "auto_quiet", "stock", "stock_aa"):
-        if block in s:
-            rows.append(f"  {block:14} {s[block]['n']:>5} " + " ".join(f"{s[block][p]:7.3f}" for p in PARTS))
-    for block in ("auto", "auto_quiet", "stock_aa"):
+    blocks = [b for b in s if "_minus_" not in b]
+    for block in blocks:
+        rows.append(f"  {block:14} {s[block]['n']:>5} " + " ".join(f"{s[block][p]:7.3f}" for p in PARTS))
+    for block in blocks:
         key = f"{block}_minus_stock_us"
         if key in s:
             rows.append(f"  {block + ' - stock':14} {'':>5} " + " ".join(f"{s[key][p]:7.1f}" for p in PARTS) + "  (us)")
