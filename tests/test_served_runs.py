@@ -1,7 +1,8 @@
 """``runtime.served_runs``: when the tuning process runs between served runs. After a short served run
 it is continued in one gap of ``SPREAD`` only (most requests find their caches as stock ORT leaves
 them), after a long one at once, and a held process is continued once the session has been idle
-``HOLD_S``. Signals are recorded, not sent; run durations are stated through the clock."""
+``HOLD_S``. Signals are recorded, not sent (but in the last test, which sends them to a real process);
+run durations are stated through the clock."""
 
 from __future__ import annotations
 
@@ -161,3 +162,35 @@ def test_a_stopped_tuning_does_not_wait_for_a_gap(monkeypatch):
     stop.set()
     assert done.wait(5.0)
     served.end(release=False)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_signals_stop_and_continue_a_live_process_and_skip_a_reaped_one():
+    import subprocess
+    import sys
+
+    import pytest
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads the process state from /proc (Linux)")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        served_runs._signal(child, "SIGSTOP")
+        deadline = time.monotonic() + 10
+        while _state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(child.pid) == "T"
+        served_runs._signal(child, "SIGCONT")
+        while _state(child.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(child.pid) in "SR"
+        served_runs._signal(child, "NOSUCHSIGNAL")  # a platform without the signal: nothing sent, no error
+    finally:
+        child.kill()
+        child.wait()
+    served_runs._signal(child, "SIGSTOP")  # reaped: its pid may be another process's now, nothing is sent
+    served_runs._signal(None, "SIGSTOP")  # no process: nothing

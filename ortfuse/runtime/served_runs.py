@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import threading
 import time
 import weakref
@@ -331,9 +332,14 @@ def remove(path: str) -> None:
 def _signal(process, name: str) -> None:
     """Send signal ``name`` to ``process`` (a ``subprocess.Popen``) unless it has been reaped: ``os.kill``
     without ``Popen.send_signal``'s ``waitpid`` first (two per served run; a process that ended and
-    was not reaped keeps its pid, and only the tuning driver reaps it)."""
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
+    was not reaped keeps its pid, and only the tuning driver reaps it). On a request's path, so the
+    system call and a lookup only: no import or context manager, whose cold Python shows in the
+    signal's time (``python tools/served_path.py``: the signals' durations)."""
+    try:
         if process.returncode is None:
-            os.kill(process.pid, getattr(signal, name))
+            os.kill(process.pid, _SIGNALS[name])
+    except (OSError, AttributeError, KeyError):  # reaped meanwhile, or a platform without the signal
+        pass
+
+
+_SIGNALS = {name: getattr(signal, name) for name in ("SIGSTOP", "SIGCONT") if hasattr(signal, name)}
