@@ -29,8 +29,8 @@ milliseconds (``50ms``) or a multiple of stock ORT's p50 on the model (``2x``, t
 server is busy about a third of the time). A saturated server leaves tuning no idle time; auto then
 stays on stock ORT and says so. The requests cycle through 8 seeded sample feeds of the model's own
 shapes (``ortfuse.models``), one after the other across all blocks, so that every session's block
-serves the same feeds in the same order (a run's time depends on the feed before it: cycling
-through feeds is slower than repeating one).
+serves the same feeds in the same order (runs cycling through feeds are slower than runs
+repeating one).
 
 Phases:
 1. the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
