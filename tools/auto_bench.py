@@ -28,9 +28,9 @@ arrival to its end: a serving thread that wakes late (a core taken) counts. ``--
 milliseconds (``50ms``) or a multiple of stock ORT's p50 on the model (``2x``, the default: the
 server is busy about a third of the time). A saturated server leaves tuning no idle time; auto then
 stays on stock ORT and says so. The requests cycle through 8 seeded sample feeds of the model's own
-shapes (``ortfuse.models``), one after the other across all blocks, so that every session's block
-serves the same feeds in the same order (runs cycling through feeds are slower than runs
-repeating one).
+shapes (``ortfuse.models``), one after the other across all blocks, so that every session is served
+the same feeds (with the default block of 8, every block the 8 in the same order; runs cycling
+through feeds are slower than runs repeating one).
 
 Phases:
 1. the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
