@@ -169,7 +169,7 @@ def _state(pid: int) -> str:
         return fh.read().rsplit(")", 1)[1].split()[0]
 
 
-def test_signals_stop_and_continue_a_live_process_and_skip_a_reaped_one():
+def test_signals_stop_and_continue_a_live_process_and_skip_a_reaped_one(monkeypatch):
     import subprocess
     import sys
 
@@ -192,5 +192,8 @@ def test_signals_stop_and_continue_a_live_process_and_skip_a_reaped_one():
     finally:
         child.kill()
         child.wait()
+    sent: list = []
+    monkeypatch.setattr(served_runs.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     served_runs._signal(child, "SIGSTOP")  # reaped: its pid may be another process's now, nothing is sent
     served_runs._signal(None, "SIGSTOP")  # no process: nothing
+    assert sent == []
