@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
+from ortfuse.foundation import protocol
 from ortfuse.tune import judge
 from ortfuse.tune import measure as measuring
 from ortfuse.tune import tuner as tune
@@ -29,7 +30,7 @@ def _tail(n: int, k: int) -> float:
 
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 15, 30, 45, 60, 180])
 def test_sign_threshold_is_the_fewest_wins_a_fair_coin_reaches_with_at_most_alpha(n):
-    k = judge.sign_threshold(n)
+    k = protocol.sign_threshold(n, judge.ALPHA)
     if k <= n:
         assert _tail(n, k) <= judge.ALPHA < _tail(n, k - 1)
     else:  # not even n of n is that unlikely: no number of wins passes

@@ -115,6 +115,61 @@ def test_a_real_probe_is_timed_in_repeats_and_read_back(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------
+# a budgeted repeat ends once a sign test settles the side of the margin
+# ------------------------------------------------------------------------------------------------
+def _paired(native_ms, stock_ms):
+    """Runners whose timed runs take the given milliseconds, pass by pass, and the count of timed runs."""
+    timed = {"native": 0, "stock": 0}
+
+    def time_run(fn):
+        name = fn()
+        series = native_ms if name == "native" else stock_ms
+        value = series[timed[name] % len(series)]
+        timed[name] += 1
+        return value
+    return {"native": lambda: "native", "stock": lambda: "stock"}, time_run, timed
+
+
+@pytest.mark.parametrize("native_ms, settles", [([0.7], True), ([1.2], False)])
+def test_a_clear_side_of_the_margin_ends_a_budgeted_repeat_at_the_first_look(native_ms, settles):
+    runners, time_run, timed = _paired(native_ms, [1.0])
+    ratio = op_timing._budgeted_ratio(runners, 140, time_run, 0.95)
+    assert timed == {"native": op_timing.CHUNK, "stock": op_timing.CHUNK}
+    assert ratio == pytest.approx(native_ms[0]) and (ratio < 0.95) is settles
+
+
+def test_a_ratio_near_the_margin_runs_the_whole_budget():
+    """Half the passes on each side of the margin: no look settles it, every pass of the budget is timed."""
+    runners, time_run, timed = _paired([0.90, 1.00], [1.0])
+    ratio = op_timing._budgeted_ratio(runners, 100, time_run, 0.95)
+    assert timed == {"native": 100, "stock": 100} and ratio == pytest.approx(0.95)
+
+
+def test_the_side_is_settled_by_the_sign_test_and_the_p50_together():
+    assert op_timing.settled_side([0.7] * 12, [1.0] * 12, 0.95, 0.01 / 12) is True
+    assert op_timing.settled_side([1.1] * 12, [1.0] * 12, 0.95, 0.01 / 12) is False
+    assert op_timing.settled_side([0.7] * 10, [1.0] * 10, 0.95, 0.01 / 12) is None  # 10 of 10: not unlikely enough
+    # 20 of 24 passes below (enough for the sign test), yet the p50 ratio is far above: not settled
+    native, stock = [1.0] * 10 + [0.2] * 10 + [1.0] * 4, [1.1] * 10 + [0.3] * 10 + [0.3] * 4
+    assert op_timing.settled_side(native, stock, 0.95, 0.01 / 12) is None
+
+
+def test_a_budgeted_probe_stops_at_its_first_repeat_settled_above_the_margin(monkeypatch):
+    """``_ratios`` with a budget: repeats that settle early, the first one above the margin the last."""
+    series = iter([[0.5], [1.5]])
+    seen = []
+
+    def budgeted(runners, runs, time_run, margin):
+        ms = next(series)
+        seen.append(runs)
+        return ms[0]
+    monkeypatch.setattr(op_timing, "_budgeted_ratio", budgeted)
+    ratios = op_timing._ratios(_relu_bytes(), _relu_bytes(), frozenset(), {"x": (1, 8)}, 1, frozenset(),
+                               budget_s=0.05, margin=0.95)
+    assert ratios == [0.5, 1.5] and len(seen) == 2 and all(op_timing.RUNS <= r <= op_timing.MAX_RUNS for r in seen)
+
+
+# ------------------------------------------------------------------------------------------------
 # probes timed cold: a model whose weights outgrow the last-level cache
 # ------------------------------------------------------------------------------------------------
 def _fake_sysfs(tmp_path, monkeypatch, caches):

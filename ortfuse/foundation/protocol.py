@@ -33,6 +33,7 @@ default shows the difference on the machine at hand).
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -195,3 +196,14 @@ def ratio_per_repeat(config: Sequence[Sequence[float]], baseline: Sequence[Seque
 def ratio(config: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]]) -> float:
     """The reported ratio: median over repeats of the per-repeat p50 ratio."""
     return statistics.median(ratio_per_repeat(config, baseline))
+
+
+def sign_threshold(n: int, alpha: float) -> int:
+    """The fewest wins out of ``n`` paired passes whose chance under a fair coin is at most ``alpha``
+    (a one-sided sign test); ``n + 1`` when even ``n`` of ``n`` is not that unlikely."""
+    tail = 0.0
+    for k in range(n, -1, -1):
+        tail += math.comb(n, k) / 2.0**n
+        if tail > alpha:
+            return k + 1
+    return 0

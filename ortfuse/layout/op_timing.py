@@ -11,6 +11,16 @@ machine's noise does not flip from one process to the next. A shape near the mar
 ORT. ``python tools/auto_bench.py --models resnet50_const --passes 3`` shows the plans fresh
 processes make.
 
+A repeat sized by a time budget (whole models: hundreds of passes) is timed in chunks of ``CHUNK``
+passes and ends at the first look where a one-sided sign test settles the side of the margin: the
+native form below ``margin`` times ORT's in at least ``protocol.sign_threshold(n, ALPHA / looks)`` of
+the n passes so far and the p50 ratio below the margin (or the same the other way), ``looks`` being
+the most the budget allows, so that a settled side from noise alone stays at most ``ALPHA`` per
+repeat. A clear win or loss then takes a few dozen passes instead of the budget; a ratio near the
+margin runs the whole budget as before (in a live tuning beside a spinning served session, whose
+idle windows fit about one whole-model run each, the budget held most of the time to the plan:
+``python tools/auto_bench.py --models ppocr_mobile_v2_cls --spinning on``, its tuning timeline).
+
 A model whose weights outgrow the last-level cache (``weights_exceed_cache``) finds each conv's
 filter in memory on every run, not in cache; its probes are timed ``cold``: before each timed run a
 buffer half as large again as that cache is written, so both forms read their filters from memory.
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import statistics
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +42,8 @@ from ortfuse.layout import choice_cache
 RUNS = 6  # timed runs of each form per repeat, after one warm-up pass
 MAX_RUNS = 400  # with a time budget
 REPEATS = 3
+CHUNK = 12  # passes between looks at a budgeted repeat's evidence (12 of 12 settle it at ALPHA / 12 looks)
+ALPHA = 0.01  # a budgeted repeat's chance of a side settled early from noise alone, over all its looks
 
 
 def native_faster(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str, tuple], threads: int,
@@ -95,9 +108,44 @@ def _ratios(stock: bytes, native: bytes, native_ops: frozenset, feeds: dict[str,
     time_run = _after_flush(size * 3 // 2) if size else yielding.timed
     ratios: list[float] = []
     while len(ratios) < REPEATS and (margin is None or not ratios or ratios[-1] < margin):
+        if budget_s and margin is not None:
+            ratios.append(_budgeted_ratio(runners, runs, time_run, margin))
+            continue
         raw = protocol.measure(runners, runs=runs, repeats=1, warmup=1, time_run=time_run)
         ratios += protocol.ratio_per_repeat(raw["native"], raw["stock"])
     return ratios
+
+
+def _budgeted_ratio(runners: dict[str, Callable[[], object]], runs: int,
+                    time_run: Callable[[Callable[[], object]], float], margin: float) -> float:
+    """One repeat's p50 ratio, native / stock, over at most ``runs`` passes timed in chunks of ``CHUNK``,
+    ending at the first look that settles the side of ``margin`` (``settled_side``)."""
+    native: list[float] = []
+    stock: list[float] = []
+    looks = -(-runs // CHUNK)
+    while len(native) < runs:
+        raw = protocol.measure(runners, runs=min(CHUNK, runs - len(native)), repeats=1, warmup=0 if native else 1,
+                               time_run=time_run)
+        native += raw["native"][0]
+        stock += raw["stock"][0]
+        if settled_side(native, stock, margin, ALPHA / looks) is not None:
+            break
+    return statistics.median(native) / statistics.median(stock)
+
+
+def settled_side(native: list[float], stock: list[float], margin: float, alpha: float) -> bool | None:
+    """True when the paired passes (``native[i]`` beside ``stock[i]``) show the native form below
+    ``margin`` times the stock one (a one-sided sign test at ``alpha`` and the p50 ratio below the
+    margin), False when they show it at or above, None while neither is shown."""
+    n = len(native)
+    below = sum(a < margin * b for a, b in zip(native, stock))
+    needed = protocol.sign_threshold(n, alpha)
+    ratio = statistics.median(native) / statistics.median(stock)
+    if below >= needed and ratio < margin:
+        return True
+    if n - below >= needed and ratio >= margin:
+        return False
+    return None
 
 
 def _after_flush(nbytes: int) -> Callable[[Callable[[], object]], float]:

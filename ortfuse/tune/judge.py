@@ -11,7 +11,7 @@ Contract of ``judge(raw, limit)`` (``raw``: ms per configuration, per repeat, pe
 ``yielding.measure`` returns):
 - each pass gives a paired ratio, ``fused / mean(ort, control)`` of that pass, and an A/A ratio,
   ``control / ort``;
-- ``passed`` when (1) the candidate beat that mean in at least ``sign_threshold(n, ALPHA)`` of the n
+- ``passed`` when (1) the candidate beat that mean in at least ``protocol.sign_threshold(n, ALPHA)`` of the n
   passes (a one-sided sign test: a "faster" from chance alone has probability at most ``ALPHA``;
   a run slowed by other work moves one pass, whatever the amount), (2) the median paired ratio is
   at most ``limit`` and (3) that median is further below 1 than the median A/A ratio strays from 1
@@ -29,7 +29,6 @@ Contract of ``judge(raw, limit)`` (``raw``: ms per configuration, per repeat, pe
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,17 +45,6 @@ MIN_PASSES = 24
 Raw = Mapping[str, Sequence[Sequence[float]]]
 
 
-def sign_threshold(n: int, alpha: float = ALPHA) -> int:
-    """The fewest wins out of ``n`` passes whose chance under a fair coin is at most ``alpha``
-    (one-sided); ``n + 1`` when even ``n`` of ``n`` is not that unlikely."""
-    tail = 0.0
-    for k in range(n, -1, -1):
-        tail += math.comb(n, k) / 2.0**n
-        if tail > alpha:
-            return k + 1
-    return 0
-
-
 @dataclass
 class Verdict:
     """One plan's timing against stock ORT with its A/A control (see the module docstring)."""
@@ -69,7 +57,7 @@ class Verdict:
     aa_ratio: float  # median over passes of control / ort
     wins: int  # passes in which the candidate beat the stock mean
     passes: int
-    needed: int  # sign_threshold(passes)
+    needed: int  # protocol.sign_threshold(passes, ALPHA)
     passed: bool
     inconclusive: bool
     limit: float = field(default=0.0)
@@ -106,7 +94,7 @@ def judge(raw: Raw, limit: float) -> Verdict:
     noise = max(abs(c / o - 1) for c, o in zip(p50["control"], p50["ort"]))
     n = len(paired)
     wins = sum(p < 1 for p in paired)
-    needed = sign_threshold(n)
+    needed = protocol.sign_threshold(n, ALPHA)
     paired_ratio, aa_ratio = statistics.median(paired), statistics.median(aa)
     beyond_bias = paired_ratio <= 1 - abs(aa_ratio - 1)
     passed = wins >= needed and paired_ratio <= limit and beyond_bias

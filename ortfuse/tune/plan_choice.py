@@ -10,9 +10,9 @@ Contract of ``choose(raw, candidates, limit)`` (``candidates``: names in order o
   a plan slower than stock ORT, and None when none passes;
 - among those that pass, the one with the lowest median paired ratio is the front runner; another
   passed candidate is ``settled`` against it when, pass by pass, the front runner beat it in
-  significantly many passes (the same one-sided sign test, ``judge.sign_threshold``) or the two are
-  within the A/A control's bias of each other (median of their per-pass ratio within
-  ``|aa_ratio - 1|`` of 1, over at least ``judge.MIN_PASSES`` passes: a tie, where the candidate
+  significantly many passes (the same one-sided sign test, ``protocol.sign_threshold`` at
+  ``judge.ALPHA``) or the two are within the A/A control's bias of each other (median of their
+  per-pass ratio within ``|aa_ratio - 1|`` of 1, over at least ``judge.MIN_PASSES`` passes: a tie, where the candidate
   earlier in ``candidates`` is kept; over fewer passes the bias itself is not known yet);
 - ``inconclusive``: a candidate that is not settled against the front runner, or one whose own
   verdict is inconclusive with a median below the front runner's: the caller times another look
@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ortfuse.foundation import protocol
 from ortfuse.tune import judge
 
 Raw = Mapping[str, Sequence[Sequence[float]]]
@@ -77,7 +78,7 @@ def choose(raw: Raw, candidates: Sequence[str], limit: float) -> Choice:
         if c == front:
             continue
         ratios = per_pass(raw, front, c)
-        beaten = sum(r < 1 for r in ratios) >= judge.sign_threshold(len(ratios))
+        beaten = sum(r < 1 for r in ratios) >= protocol.sign_threshold(len(ratios), judge.ALPHA)
         # within the stock sessions' bias, on enough passes for that bias to mean something (fewer: more passes)
         tie = abs(versus[c] - 1) <= bias and len(ratios) >= judge.MIN_PASSES
         if tie and candidates.index(c) < candidates.index(best) and (best == front or abs(versus[best] - 1) <= bias):
