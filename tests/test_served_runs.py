@@ -13,6 +13,8 @@ import threading
 import time
 import types
 
+import pytest
+
 from ortfuse.runtime import served_runs
 
 
@@ -77,6 +79,37 @@ def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
         assert signals.count("SIGCONT") - before == 3
 
 
+def test_runs_slowed_after_the_gaps_the_process_ran_in_spread_it_over_more_gaps(monkeypatch):
+    """Where the short runs after gaps the process ran in take more than ``1 + SIGNAL_SHARE`` times
+    those after gaps it was held in (its work evicted the serving thread's caches), after
+    ``SIGNAL_SAMPLES`` short gaps the process runs in one gap of ``SPREAD_COSTLY``; runs as fast
+    after either keep ``SPREAD``. The first run after a long one counts on neither side."""
+    short = served_runs.SHORT_RUN_S / 10
+    for slowdown, spread in ((1 + 2 * served_runs.SIGNAL_SHARE, served_runs.SPREAD_COSTLY), (1.0, served_runs.SPREAD)):
+        served, signals, clock, _ = _served(monkeypatch)
+        _run(served, clock, 2 * served_runs.SHORT_RUN_S)  # a long run: the process runs in the gap after it
+        ran = []
+        for _ in range(served_runs.SIGNAL_SAMPLES):
+            ran.append(served._gap_ran)
+            _run(served, clock, short * slowdown if served._gap_ran else short)
+        assert served.spread == spread
+        assert ran[0] is None and True in ran and False in ran
+        assert served._after_held and served._after_ran
+        assert list(served._after_held) == pytest.approx([short] * len(served._after_held))
+        assert list(served._after_ran) == pytest.approx([short * slowdown] * len(served._after_ran))
+
+
+def test_a_gap_resumed_as_idle_counts_on_neither_side(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch)
+    _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)
+    assert served.held and served._gap_ran is False
+    clock[0] += served_runs.HOLD_S
+    served.resume_if_idle()
+    assert not served.held and served._gap_ran is None
+    _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert not served._after_ran and not served._after_held
+
+
 def test_the_spread_rule_compares_medians():
     assert served_runs.spread_for([], [0.001]) == served_runs.SPREAD  # nothing measured yet
     share = served_runs.SIGNAL_SHARE
@@ -84,6 +117,10 @@ def test_the_spread_rule_compares_medians():
     assert served_runs.spread_for([1.1 * share * 1e-3] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
     # one slow signal among cheap ones does not change it
     assert served_runs.spread_for([0.5 * share * 1e-3] * 4 + [1.0], [1e-3] * 5) == served_runs.SPREAD
+    # the runs after gaps the process ran in against those after gaps it was held in
+    assert served_runs.spread_for([], [], [1e-3 * (1 + 2 * share)] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
+    assert served_runs.spread_for([], [], [1e-3 * (1 + share / 2)] * 5, [1e-3] * 5) == served_runs.SPREAD
+    assert served_runs.spread_for([], [], [1.0] * 5, []) == served_runs.SPREAD  # no held gap measured yet
 
 
 def test_after_a_long_run_the_process_runs_at_once(monkeypatch):

@@ -46,7 +46,12 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # carry no signal. Where a signal takes more than SIGNAL_SHARE of a short run (medians of the last
 # SIGNAL_SAMPLES of each), the requests that carry one would exceed the p50 allowed while tuning on
 # their own: SPREAD_COSTLY then, at most a third of the requests carry one and the p50 falls among
-# those that carry none (python tools/served_path.py --models tiny_ffn: auto_quiet against auto)
+# those that carry none (python tools/served_path.py --models tiny_ffn: auto_quiet against auto).
+# The process's work in a gap costs the short run after it too, by the caches it evicts: with ORT's
+# default spinning a served session's pool thread keeps the other core through the gap, so the process
+# runs on the serving thread's. Where the short runs after gaps it ran in take more than
+# 1 + SIGNAL_SHARE times those after gaps it was held in (medians of the last SIGNAL_SAMPLES of each),
+# SPREAD_COSTLY too (python tools/auto_bench.py --models ppocr_mobile_v2_cls --spinning on: by_gap)
 SHORT_RUN_S = 0.005
 SPREAD = 3
 SPREAD_COSTLY = 6
@@ -85,6 +90,11 @@ class ServedRuns:
         self.spread = SPREAD  # the gaps after short runs the process runs in one of (``spread_for``)
         self._signal_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # on the serving path
         self._short_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # short runs' durations
+        # short runs after a gap after a short run, by whether the process ran in it (``spread_for``)
+        self._after_ran: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)
+        self._after_held: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)
+        self._gap_ran: bool | None = None  # the process ran in this gap after a short run (None: another gap)
+        self._run_after: bool | None = None  # ``_gap_ran`` of the gap before the runs in flight
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
@@ -121,6 +131,7 @@ class ServedRuns:
                 self.counts.served()
             if self.inflight == 1:
                 self._began = time.perf_counter()
+                self._run_after, self._gap_ran = self._gap_ran, None
                 if self._ended:
                     self._gaps.append(self._began - self._ended)
                 if self.child is not None and not self.held:
@@ -205,9 +216,12 @@ class ServedRuns:
         if short:
             self._short_gaps += 1
             self._short_s.append(run_s)
+            if self._run_after is not None:
+                (self._after_ran if self._run_after else self._after_held).append(run_s)
             if self._short_gaps % SIGNAL_SAMPLES == 0:
-                self.spread = spread_for(self._signal_s, self._short_s)
+                self.spread = spread_for(self._signal_s, self._short_s, self._after_ran, self._after_held)
         self.held = short and self._short_gaps % self.spread != 0
+        self._gap_ran = not self.held if short else None
         if not self.held:
             self._send("SIGCONT")
 
@@ -223,7 +237,7 @@ class ServedRuns:
         with self.lock:
             if self.held and self.child is not None and not self.inflight \
                     and time.perf_counter() - self._ended >= HOLD_S:
-                self.held = False
+                self.held, self._gap_ran = False, None  # a long gap: not one the spread decided
                 _signal(self.child, "SIGCONT")
 
     def hold(self, child) -> None:
@@ -275,13 +289,23 @@ class ServedRuns:
         del retired
 
 
-def spread_for(signal_s: Iterable[float], short_s: Iterable[float]) -> int:
+def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: Iterable[float] = (),
+               after_held: Iterable[float] = ()) -> int:
     """``SPREAD_COSTLY`` when the median signal sent from the serving path takes more than
-    ``SIGNAL_SHARE`` of the median short served run, else ``SPREAD`` (also with no samples)."""
-    signals, runs = sorted(signal_s), sorted(short_s)
-    if not signals or not runs:
-        return SPREAD
-    return SPREAD_COSTLY if signals[len(signals) // 2] > SIGNAL_SHARE * runs[len(runs) // 2] else SPREAD
+    ``SIGNAL_SHARE`` of the median short served run, or the median short run after a gap the process
+    ran in more than ``1 + SIGNAL_SHARE`` times the median one after a gap it was held in; else
+    ``SPREAD`` (also for a comparison with no samples on a side)."""
+    signals, runs, ran, held = sorted(signal_s), sorted(short_s), sorted(after_ran), sorted(after_held)
+    if signals and runs and _median(signals) > SIGNAL_SHARE * _median(runs):
+        return SPREAD_COSTLY
+    if ran and held and _median(ran) > (1 + SIGNAL_SHARE) * _median(held):
+        return SPREAD_COSTLY
+    return SPREAD
+
+
+def _median(ordered: list[float]) -> float:
+    """The upper median of an ordered list."""
+    return ordered[len(ordered) // 2]
 
 
 def bound_elsewhere(session, iobinding):
