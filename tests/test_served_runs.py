@@ -59,10 +59,11 @@ def test_after_short_runs_the_process_runs_in_one_gap_of_spread(monkeypatch):
 def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
     """Where a signal from the serving path takes more than ``SIGNAL_SHARE`` of a short run (the
     stated clock: each signal advances it), after ``SIGNAL_SAMPLES`` short gaps the process runs in one
-    gap of ``SPREAD_COSTLY``; cheap signals keep ``SPREAD``."""
+    gap of ``SPREAD_COSTLY``; cheap signals keep ``SPREAD`` (the stop signal counts in the run after a
+    gap the process ran in: below ``RAN_GAP_SLOWDOWN`` of it too)."""
     short = served_runs.SHORT_RUN_S / 10
     for signal_s, spread in ((2 * served_runs.SIGNAL_SHARE * short, served_runs.SPREAD_COSTLY),
-                             (served_runs.SIGNAL_SHARE * short / 2, served_runs.SPREAD)):
+                             (served_runs.RAN_GAP_SLOWDOWN * short / 2, served_runs.SPREAD)):
         served, signals, clock, _ = _served(monkeypatch)
 
         def slow(process, name, signals=signals, clock=clock, signal_s=signal_s):
@@ -80,12 +81,13 @@ def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
 
 
 def test_runs_slowed_after_the_gaps_the_process_ran_in_spread_it_over_more_gaps(monkeypatch):
-    """Where the short runs after gaps the process ran in take more than ``1 + SIGNAL_SHARE`` times
+    """Where the short runs after gaps the process ran in take more than ``1 + RAN_GAP_SLOWDOWN`` times
     those after gaps it was held in (its work evicted the serving thread's caches), after
     ``SIGNAL_SAMPLES`` short gaps the process runs in one gap of ``SPREAD_COSTLY``; runs as fast
     after either keep ``SPREAD``. The first run after a long one counts on neither side."""
     short = served_runs.SHORT_RUN_S / 10
-    for slowdown, spread in ((1 + 2 * served_runs.SIGNAL_SHARE, served_runs.SPREAD_COSTLY), (1.0, served_runs.SPREAD)):
+    for slowdown, spread in ((1 + 2 * served_runs.RAN_GAP_SLOWDOWN, served_runs.SPREAD_COSTLY),
+                            (1 - served_runs.RAN_GAP_SLOWDOWN, served_runs.SPREAD)):
         served, signals, clock, _ = _served(monkeypatch)
         _run(served, clock, 2 * served_runs.SHORT_RUN_S)  # a long run: the process runs in the gap after it
         ran = []
@@ -118,8 +120,9 @@ def test_the_spread_rule_compares_medians():
     # one slow signal among cheap ones does not change it
     assert served_runs.spread_for([0.5 * share * 1e-3] * 4 + [1.0], [1e-3] * 5) == served_runs.SPREAD
     # the runs after gaps the process ran in against those after gaps it was held in
-    assert served_runs.spread_for([], [], [1e-3 * (1 + 2 * share)] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
-    assert served_runs.spread_for([], [], [1e-3 * (1 + share / 2)] * 5, [1e-3] * 5) == served_runs.SPREAD
+    slowdown = served_runs.RAN_GAP_SLOWDOWN
+    assert served_runs.spread_for([], [], [1e-3 * (1 + 2 * slowdown)] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
+    assert served_runs.spread_for([], [], [1e-3 * (1 + slowdown / 2)] * 5, [1e-3] * 5) == served_runs.SPREAD
     assert served_runs.spread_for([], [], [1.0] * 5, []) == served_runs.SPREAD  # no held gap measured yet
 
 

@@ -50,13 +50,18 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # The process's work in a gap costs the short run after it too, by the caches it evicts: with ORT's
 # default spinning a served session's pool thread keeps the other core through the gap, so the process
 # runs on the serving thread's. Where the short runs after gaps it ran in take more than
-# 1 + SIGNAL_SHARE times those after gaps it was held in (medians of the last SIGNAL_SAMPLES of each),
-# SPREAD_COSTLY too (python tools/auto_bench.py --models ppocr_mobile_v2_cls --spinning on: by_gap)
+# 1 + RAN_GAP_SLOWDOWN times those after gaps it was held in (medians of the last RAN_GAP_SAMPLES of
+# each), SPREAD_COSTLY too: at SPREAD those runs are a third of the requests, and their slowdown moves
+# the p50 by about a third of it. Without spinning they come out faster, not slower: the process's work
+# kept the cores from sleeping (python tools/auto_bench.py --models ppocr_mobile_v2_cls, with and
+# without --spinning on: the requests after a short one, grouped by the gap before them)
 SHORT_RUN_S = 0.005
 SPREAD = 3
 SPREAD_COSTLY = 6
 SIGNAL_SHARE = 0.05
 SIGNAL_SAMPLES = 16
+RAN_GAP_SLOWDOWN = 0.02
+RAN_GAP_SAMPLES = 32
 HOLD_S = 0.01
 GAPS = 8  # the recent gaps between served runs wait_gap_start reads the session's rhythm from
 
@@ -91,8 +96,8 @@ class ServedRuns:
         self._signal_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # on the serving path
         self._short_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # short runs' durations
         # short runs after a gap after a short run, by whether the process ran in it (``spread_for``)
-        self._after_ran: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)
-        self._after_held: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)
+        self._after_ran: collections.deque[float] = collections.deque(maxlen=RAN_GAP_SAMPLES)
+        self._after_held: collections.deque[float] = collections.deque(maxlen=RAN_GAP_SAMPLES)
         self._gap_ran: bool | None = None  # the process ran in this gap after a short run (None: another gap)
         self._run_after: bool | None = None  # ``_gap_ran`` of the gap before the runs in flight
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
@@ -293,12 +298,12 @@ def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: I
                after_held: Iterable[float] = ()) -> int:
     """``SPREAD_COSTLY`` when the median signal sent from the serving path takes more than
     ``SIGNAL_SHARE`` of the median short served run, or the median short run after a gap the process
-    ran in more than ``1 + SIGNAL_SHARE`` times the median one after a gap it was held in; else
+    ran in more than ``1 + RAN_GAP_SLOWDOWN`` times the median one after a gap it was held in; else
     ``SPREAD`` (also for a comparison with no samples on a side)."""
     signals, runs, ran, held = sorted(signal_s), sorted(short_s), sorted(after_ran), sorted(after_held)
     if signals and runs and _median(signals) > SIGNAL_SHARE * _median(runs):
         return SPREAD_COSTLY
-    if ran and held and _median(ran) > (1 + SIGNAL_SHARE) * _median(held):
+    if ran and held and _median(ran) > (1 + RAN_GAP_SLOWDOWN) * _median(held):
         return SPREAD_COSTLY
     return SPREAD
 
