@@ -255,3 +255,36 @@ def test_the_check_runs_on_sessions_whose_threads_do_not_spin(tmp_path, given):
         mp.setattr(onnxruntime, "InferenceSession", Spy)
         assert tune_process._check(str(path), options, prepared, [ffn_inputs(seed=2)]) == ""
     assert opened == ["0", "0"]
+
+
+def test_feeds_are_saved_as_np_savez_saves_them_in_slices_a_profile_hook_sees(tmp_path, monkeypatch):
+    """``save_npz``: what ``np.load`` reads back equals the arrays (dtypes, shapes, a 0-d array, a
+    non-contiguous one, strings, an array of objects); an array's data goes out in writes of
+    ``WRITE_SLICE`` bytes, each a call the live tuning's gate (a profile hook) sees, so it can pause
+    between two for a served run."""
+    import sys
+
+    arrays = {"x": np.random.default_rng(0).standard_normal((3, 50, 41)).astype(np.float32),
+              "ids": np.arange(7, dtype=np.int64), "scalar": np.float32(3.5),
+              "half": np.ones((2, 6), np.float16)[:, ::2], "flags": np.array([True, False]),
+              "text": np.array(["ab", "c"]), "objects": np.array(["a", 1], dtype=object),
+              "empty": np.zeros((0, 4), np.float32)}
+    monkeypatch.setattr(tune_process, "WRITE_SLICE", 1000)
+    writes = []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "write":
+            writes.append(frame.f_code.co_filename)
+    path = str(tmp_path / "feeds.npz")
+    sys.setprofile(hook)
+    try:
+        tune_process.save_npz(path, arrays)
+    finally:
+        sys.setprofile(None)
+    with np.load(path, allow_pickle=True) as data:
+        assert sorted(data.files) == sorted(arrays)
+        for name, value in arrays.items():
+            expected = np.asarray(value)
+            assert data[name].dtype == expected.dtype and data[name].shape == expected.shape, name
+            assert np.array_equal(data[name], expected), name
+    assert len(writes) >= arrays["x"].nbytes // 1000

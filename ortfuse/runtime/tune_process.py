@@ -85,6 +85,31 @@ def _options_spec(sess_options) -> dict:
             "entries": {k: v for k in _OPTION_ENTRIES if (v := config_entry(sess_options, k))}}
 
 
+WRITE_SLICE = 1 << 18  # bytes per write of a feed to the tuning process's folder
+
+
+def save_npz(path: str, arrays: Mapping[str, Any]) -> None:
+    """``np.savez(path, **arrays)`` (what ``np.load`` reads back the same), each array's data written in
+    slices of ``WRITE_SLICE`` bytes: one ``np.savez`` writes an array of megabytes in one C call, which
+    the live tuning's gate cannot pause for a served run that starts meanwhile (python
+    tools/auto_bench.py --models yolov8n_nudenet --spinning on: the request served as the tuning
+    starts); between two slices it can. Arrays of objects are written as ``np.savez`` writes them."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            array = np.asanyarray(value)
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                if array.dtype.hasobject:
+                    np.lib.format.write_array(member, array)
+                    continue
+                array = array if array.flags.c_contiguous else array.copy(order="C")  # keeps a 0-d array 0-d
+                np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
+                data = memoryview(array.reshape(-1).view(np.uint8))
+                for start in range(0, len(data), WRITE_SLICE):
+                    member.write(data[start:start + WRITE_SLICE])
+
+
 def _options_from(spec: dict):
     if not spec:
         return None
@@ -113,9 +138,9 @@ def tune(source: str | bytes, sess_options, fusion, fusion_patterns, sample: Map
                    "budget_s": budget_s, "counts": counts_path, "lookup_first": lookup_first}
         Path(folder, "request.json").write_text(json.dumps(request))
         arrays: dict[str, Any] = dict(sample)
-        np.savez(os.path.join(folder, "sample.npz"), **arrays)
+        save_npz(os.path.join(folder, "sample.npz"), arrays)
         for i, feed in enumerate(check_feeds):
-            np.savez(os.path.join(folder, f"check{i}.npz"), **dict(feed))
+            save_npz(os.path.join(folder, f"check{i}.npz"), dict(feed))
         errors = Path(folder, "stderr.txt")  # a file, not a pipe: a chatty child never blocks on it
         try:
             with open(errors, "wb") as sink:
