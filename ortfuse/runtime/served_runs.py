@@ -27,6 +27,7 @@ import collections
 import contextlib
 import os
 import signal
+import statistics
 import threading
 import time
 import weakref
@@ -98,8 +99,8 @@ class ServedRuns:
         # short runs after a gap after a short run, by whether the process ran in it (``spread_for``)
         self._after_ran: collections.deque[float] = collections.deque(maxlen=RAN_GAP_SAMPLES)
         self._after_held: collections.deque[float] = collections.deque(maxlen=RAN_GAP_SAMPLES)
-        self._gap_ran: bool | None = None  # the process ran in this gap after a short run (None: another gap)
-        self._run_after: bool | None = None  # ``_gap_ran`` of the gap before the runs in flight
+        # the process ran in the last gap after a short run (None: another gap); unchanged while runs are in flight
+        self._gap_ran: bool | None = None
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
@@ -136,7 +137,6 @@ class ServedRuns:
                 self.counts.served()
             if self.inflight == 1:
                 self._began = time.perf_counter()
-                self._run_after, self._gap_ran = self._gap_ran, None
                 if self._ended:
                     self._gaps.append(self._began - self._ended)
                 if self.child is not None and not self.held:
@@ -221,8 +221,8 @@ class ServedRuns:
         if short:
             self._short_gaps += 1
             self._short_s.append(run_s)
-            if self._run_after is not None:
-                (self._after_ran if self._run_after else self._after_held).append(run_s)
+            if self._gap_ran is not None:  # the gap before this run
+                (self._after_ran if self._gap_ran else self._after_held).append(run_s)
             if self._short_gaps % SIGNAL_SAMPLES == 0:
                 self.spread = spread_for(self._signal_s, self._short_s, self._after_ran, self._after_held)
         self.held = short and self._short_gaps % self.spread != 0
@@ -249,7 +249,7 @@ class ServedRuns:
         """``child`` (a ``subprocess.Popen`` of the tuning, or None once it has ended) is stopped
         while a served run is in flight: at once if one is."""
         with self.lock:
-            self.child, self.held = child, False
+            self.child, self.held, self._gap_ran = child, False, None  # no gap of this process decided yet
             if child is not None and self.inflight:
                 _signal(child, "SIGSTOP")
 
@@ -300,17 +300,12 @@ def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: I
     ``SIGNAL_SHARE`` of the median short served run, or the median short run after a gap the process
     ran in more than ``1 + RAN_GAP_SLOWDOWN`` times the median one after a gap it was held in; else
     ``SPREAD`` (also for a comparison with no samples on a side)."""
-    signals, runs, ran, held = sorted(signal_s), sorted(short_s), sorted(after_ran), sorted(after_held)
-    if signals and runs and _median(signals) > SIGNAL_SHARE * _median(runs):
+    signals, runs, ran, held = list(signal_s), list(short_s), list(after_ran), list(after_held)
+    if signals and runs and statistics.median_high(signals) > SIGNAL_SHARE * statistics.median_high(runs):
         return SPREAD_COSTLY
-    if ran and held and _median(ran) > (1 + RAN_GAP_SLOWDOWN) * _median(held):
+    if ran and held and statistics.median_high(ran) > (1 + RAN_GAP_SLOWDOWN) * statistics.median_high(held):
         return SPREAD_COSTLY
     return SPREAD
-
-
-def _median(ordered: list[float]) -> float:
-    """The upper median of an ordered list."""
-    return ordered[len(ordered) // 2]
 
 
 def bound_elsewhere(session, iobinding):
