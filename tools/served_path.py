@@ -4,17 +4,18 @@ path and ORT's own input handling), the C run, and the Python after it; and the 
 thread spends in each signal it sends the tuning process (SIGSTOP, SIGCONT).
 
     python tools/served_path.py --models tiny_ffn[,ppocr_mobile_v2_cls,...] [--seconds 12] [--gap 2x]
-                                [--block 8] [--threads 2] [--json benchmarks/results/]
+                                [--block 8] [--threads 2] [--spinning on] [--json benchmarks/results/]
 
-One process per model, an empty ``ORTFUSE_CACHE_DIR``, CPU provider, ORT_ENABLE_ALL, pool threads not
-spinning (as ``tools/auto_bench.py``, whose models, feeds and gap this takes). A serving loop serves
-blocks of ``--block`` requests in turn, auto, stock, auto, a second stock session (the A/A control),
-each an idle gap after the previous one ended, for ``--seconds``; a stock block holds the tuning as
-one long served run (as in ``auto_bench``). The C run is timed by a proxy around each session's
-``_sess`` (ORT's C session), the same for every session. Only the requests that arrived while auto
-recorded or tuned are summarised (p50 per part, per session); the differences auto minus stock per
-part are what the counted path and the tuning cost a request, the A/A's the noise floor. The JSON
-file (``--json``) keeps every request's parts and every signal's duration.
+One process per model, an empty ``ORTFUSE_CACHE_DIR``, CPU provider, ORT_ENABLE_ALL, pool threads
+not spinning unless ``--spinning on`` (as ``tools/auto_bench.py``, whose models, feeds and gap this
+takes). A serving loop serves blocks of ``--block`` requests in turn, auto, stock, auto, a second
+stock session (the A/A control), each an idle gap after the previous one ended, for ``--seconds``; a
+stock block holds the tuning as one long served run (as in ``auto_bench``). The C run is timed by a
+proxy around each session's ``_sess`` (ORT's C session), the same for every session. Only the
+requests that arrived while auto recorded or tuned are summarised (p50 per part, per session); the
+differences auto minus stock per part are what the counted path and the tuning cost a request, the
+A/A's the noise floor. The JSON file (``--json``) keeps every request's parts and every signal's
+duration.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def child(model: str, args) -> dict:
     cpu = ["CPUExecutionProvider"]
 
     def options():
-        return measuring_options("ORT_ENABLE_ALL", threads=args.threads, spinning=False)
+        return measuring_options("ORT_ENABLE_ALL", threads=args.threads, spinning=args.spinning == "on")
 
     sessions = {"stock": ort.InferenceSession(path, options(), providers=cpu),
                 "stock_aa": ort.InferenceSession(path, options(), providers=cpu)}
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", default="2x", help="idle gap after each request: '50ms', or '2x' stock's p50")
     ap.add_argument("--block", type=int, default=8, help="requests per block (auto, stock, auto, stock A/A...)")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session")
+    ap.add_argument("--spinning", choices=("on", "off"), default="off",
+                    help="ORT's pool threads spinning in every session (default off)")
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
