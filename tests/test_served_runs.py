@@ -101,6 +101,25 @@ def test_runs_slowed_after_the_gaps_the_process_ran_in_spread_it_over_more_gaps(
         assert list(served._after_ran) == pytest.approx([short * slowdown] * len(served._after_ran))
 
 
+def test_the_costly_spread_stays_once_chosen(monkeypatch):
+    """Runs slowed after the process's gaps choose ``SPREAD_COSTLY``; later runs as fast after either
+    gap do not bring ``SPREAD`` back (a rule at its line would alternate them)."""
+    served, signals, clock, _ = _served(monkeypatch)
+    short = served_runs.SHORT_RUN_S / 10
+    for _ in range(served_runs.SIGNAL_SAMPLES):
+        _run(served, clock, short * (1 + 2 * served_runs.RAN_GAP_SLOWDOWN) if served._gap_ran else short)
+    assert served.spread == served_runs.SPREAD_COSTLY
+    for _ in range(4 * served_runs.RAN_GAP_SAMPLES):  # every sample of both sides replaced
+        _run(served, clock, short)
+    assert served_runs.spread_for(served._signal_s, served._short_s, served._after_ran,
+                                  served._after_held) == served_runs.SPREAD
+    assert served.spread == served_runs.SPREAD_COSTLY
+    before = signals.count("SIGCONT")
+    for _ in range(3 * served_runs.SPREAD_COSTLY):
+        _run(served, clock, short)
+    assert signals.count("SIGCONT") - before == 3
+
+
 def test_a_gap_resumed_as_idle_counts_on_neither_side(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
     _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)

@@ -55,7 +55,10 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # each), SPREAD_COSTLY too: at SPREAD those runs are a third of the requests, and their slowdown moves
 # the p50 by about a third of it. Without spinning they come out faster, not slower: the process's work
 # kept the cores from sleeping (python tools/auto_bench.py --models ppocr_mobile_v2_cls, with and
-# without --spinning on: the requests after a short one, grouped by the gap before them)
+# without --spinning on: the requests after a short one, grouped by the gap before them). SPREAD_COSTLY
+# stays once chosen: the cost is the machine's and the model's, and a comparison of medians near its
+# line would otherwise alternate the two spreads (the same command: the share of requests after a gap
+# the process ran in)
 SHORT_RUN_S = 0.005
 SPREAD = 3
 SPREAD_COSTLY = 6
@@ -223,7 +226,7 @@ class ServedRuns:
             self._short_s.append(run_s)
             if self._gap_ran is not None:  # the gap before this run
                 (self._after_ran if self._gap_ran else self._after_held).append(run_s)
-            if self._short_gaps % SIGNAL_SAMPLES == 0:
+            if self._short_gaps % SIGNAL_SAMPLES == 0 and self.spread != SPREAD_COSTLY:
                 self.spread = spread_for(self._signal_s, self._short_s, self._after_ran, self._after_held)
         self.held = short and self._short_gaps % self.spread != 0
         self._gap_ran = not self.held if short else None
