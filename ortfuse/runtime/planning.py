@@ -340,7 +340,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     used = None
     if auto:
         used = tuning if tuning is not None else auto_tuning(model, patterns, sess_options, mode)
-    if used is not None and _deferred(mode, tuning, used):  # nothing known: the live tuning finds the matches
+    # nothing known: the live tuning finds the matches (a model none can match is matched here, at once)
+    if used is not None and _deferred(mode, tuning, used) and _may_match(model, patterns):
         report = FusionReport(patterns=list(patterns), reason=UNKNOWN_YET, notes=[DEFERRED_NOTE])
         return None, report, None, used
     keep = used.keep_rule(model) if used is not None else None
@@ -384,6 +385,8 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
 
 UNKNOWN_YET = "fusion='auto': no decisions for this model on this machine yet; stock ORT"
 DEFERRED_NOTE = "auto: matches not looked for at creation; the live tuning finds and measures them"
+NO_ANCHOR = ("fusion='auto': no node of the model's graph is of an op type a fusion starts from (If, Loop "
+             "and Scan bodies are not fused); stock ORT, nothing to tune")
 
 
 def _deferred(mode: str, tuning, used) -> bool:
@@ -393,11 +396,24 @@ def _deferred(mode: str, tuning, used) -> bool:
     return mode == "background" and tuning is None and not used.measured and not used.failure
 
 
+def _may_match(model: onnx.ModelProto, patterns: tuple[str, ...]) -> bool:
+    """``fusion.anchor_ops.may_match`` on the parsed model."""
+    from ortfuse.fusion.anchor_ops import ANCHOR_OP_TYPES
+
+    if model.functions or any(p not in ANCHOR_OP_TYPES for p in patterns):
+        return True
+    op_types = {n.op_type for n in model.graph.node}
+    return any(op_types & ANCHOR_OP_TYPES[p] for p in patterns)
+
+
 def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> FusionReport | None:
     """The deferred report of ``_deferred``'s case decided from the serialized bytes alone, or None
     when that needs the parsed model (``ortfuse.tune.lookup``: decisions may exist here, the bytes
     are not a plain ONNX model, the annotation names another graph, auto was not asked). Without
-    this, a fresh process would import onnx and parse the model only to learn that nothing is known."""
+    this, a fresh process would import onnx and parse the model only to learn that nothing is known.
+    A model no pattern can match (``fusion.anchor_ops``) gets its final report instead: stock ORT,
+    nothing recorded or tuned."""
+    from ortfuse.fusion import anchor_ops
     from ortfuse.tune import lookup
 
     if isinstance(source, str) and (source.lower().endswith(".ort")
@@ -416,8 +432,11 @@ def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> F
         if not (fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)):
             return None
         known, digest = lookup.may_know(data, props)
+        matchable = known or anchor_ops.may_match(data, explicit if explicit is not None else request.patterns)
     if known or digest is None or (request.digest is not None and request.digest != digest):
         return None
+    if not matchable:  # final: nothing to record or tune
+        return FusionReport(patterns=[], reason=NO_ANCHOR)
     return FusionReport(patterns=[], reason=UNKNOWN_YET, notes=[DEFERRED_NOTE])
 
 
