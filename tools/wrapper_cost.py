@@ -1,11 +1,14 @@
-"""What ortfuse's session wrapper costs per run where its plan is stock ORT: a model whose run takes
-a fraction of a millisecond (``auto_bench.tiny_ffn``), run by stock ORT, by a second stock session (the A/A control),
-by ``ortfuse.InferenceSession(fusion=False)`` and by a ``fusion="auto"`` session after its live
-tuning ended (its final plan printed: a session that keeps nothing ends on "stock ORT"), and ORT's own ``run``
-called on that auto session (the same C session without ortfuse's ``run`` in between: their ratio
-is what the wrapper costs, free of the differences between two sessions).
+"""What ortfuse's session wrapper costs per run where its plan is stock ORT: a model whose run takes a
+fraction of a millisecond (``auto_bench.tiny_ffn``, or ``--model``: a real one such as the public
+``silero_vad``, with its first sample feed as ``tools/auto_bench.py`` makes them), run by stock ORT, by
+a second stock session (the A/A control), by ``ortfuse.InferenceSession(fusion=False)`` and by a
+``fusion="auto"`` session after its live tuning ended (its final plan printed: a session that keeps
+nothing ends on "stock ORT"), and ORT's own ``run`` called on that auto session (the same C session
+without ortfuse's ``run`` in between: their ratio is what the wrapper costs, free of the differences
+between two sessions).
 
-    python tools/wrapper_cost.py [--block 400] [--rounds 60] [--threads 2] [--json benchmarks/results/]
+    python tools/wrapper_cost.py [--model tiny_ffn|silero_vad|...] [--block 400] [--rounds 60] [--threads 2]
+                                 [--json benchmarks/results/]
 
 Runs this short are timed in blocks: a block is ``--block`` back-to-back runs of one runner, timed
 as a whole (the timer's and scheduler's noise spread over the block); the blocks of the five runners
@@ -112,24 +115,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="tiny_ffn",
+                        help="tiny_ffn (built here), or a model tools/auto_bench.py takes (a public model's name...)")
     parser.add_argument("--json", default=None, metavar="DIR")
     args = parser.parse_args(argv)
-    from auto_bench import tiny_ffn
+    from auto_bench import TINY, model_and_feeds, tiny_ffn
 
     from ortfuse.bench.environment import environment
 
     with tempfile.TemporaryDirectory(prefix="ortfuse-wrapper-cost-") as folder:
         os.environ.setdefault("ORTFUSE_CACHE_DIR", os.path.join(folder, "cache"))  # nothing known: auto tunes
-        path = tiny_ffn(folder)
-        import onnxruntime as ort
+        if args.model == TINY:
+            path = tiny_ffn(folder)
+            import onnxruntime as ort
 
-        first = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0]
-        rng = np.random.default_rng(0)
-        feeds = {first.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in first.shape])
-                 .astype(np.float32)}
+            first = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0]
+            rng = np.random.default_rng(0)
+            feeds = {first.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in first.shape])
+                     .astype(np.float32)}
+        else:
+            path, samples = model_and_feeds(args.model)
+            feeds = samples[0]
         made, status = sessions(path, args.threads, feeds)
         per = measure(runners(made), feeds, args.block, args.rounds)
-    result = {"tool": "wrapper_cost", "block": args.block, "rounds": args.rounds, "threads": args.threads,
+    result = {"tool": "wrapper_cost", "model": args.model, "block": args.block, "rounds": args.rounds,
+              "threads": args.threads,
               "auto_status": status, "environment": environment(), "summary": summary(per),
               "per_run_s": per}
     print(f"auto's final plan: {status}")
@@ -144,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from ortfuse.bench.output import result_file
 
-        out = result_file(args.json, f"wrapper_cost-{datetime.date.today().isoformat()}")  # -2, -3 when taken
+        named = "" if args.model == TINY else f"{Path(args.model).stem}-"
+        out = result_file(args.json, f"wrapper_cost-{named}{datetime.date.today().isoformat()}")  # -2, -3 when taken
         Path(out).write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
     return 0
