@@ -98,3 +98,53 @@ def test_ort_transformers_peer_fuses_torchscript_attention_and_keeps_outputs(tmp
     ref = onnxruntime.InferenceSession(path, so).run(None, feeds)[0]
     got = sess.run(None, feeds)[0]
     assert float(np.abs(got - ref).max()) <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("fails_at", ["creation", "first run"])
+def test_a_peer_that_cannot_run_a_model_is_left_out_with_a_note(tmp_path, monkeypatch, fails_at):
+    """OpenVINO refuses some real models (silero_vad: a Conv of unknown rank inside If): the bench goes
+    on without that peer for that model, says why in the result's notes, and still times the rest."""
+    from ortfuse.bench import run
+
+    path = two_output_model(tmp_path / "m.onnx")
+    refusal = "Exception from src/core.cpp:84:\nCheck 'false' failed at x.cpp:1:\nModel wasn't fully converted."
+
+    class Refusing:
+        def run(self, output_names, feeds):
+            raise RuntimeError(refusal)
+
+    made = run.make_session
+
+    def make(name, *args, **kwargs):
+        if name == "openvino_f32":
+            if fails_at == "creation":
+                raise RuntimeError(refusal)
+            return Refusing()
+        return made(name, *args, **kwargs)
+
+    monkeypatch.setattr(run, "make_session", make)
+    doc = run.bench([path], runs=2, repeats=1, warmup=0, memory="off", progress=False,
+                    configs=["ort_disable_all", "ort_enable_all", "ort_enable_all_b", "openvino_f32"])
+    (res,) = doc["results"]
+    assert set(res["configs"]) == {"ort_disable_all", "ort_enable_all", "ort_enable_all_b"}
+    assert res["order"] == ["ort_disable_all", "ort_enable_all", "ort_enable_all_b"]
+    (note,) = [n for n in res["notes"] if "openvino_f32" in n]
+    assert note == "openvino_f32 left out for this model: openvino cannot run it (Model wasn't fully converted.)"
+    assert all(len(row["latencies_ms"]) == 1 and len(row["latencies_ms"][0]) == 2 for row in res["configs"].values())
+
+
+def test_ortfuse_failing_is_never_left_out(tmp_path, monkeypatch):
+    from ortfuse.bench import run
+
+    path = two_output_model(tmp_path / "m.onnx")
+    made = run.make_session
+
+    def make(name, *args, **kwargs):
+        if name == "ortfuse_fused":
+            raise RuntimeError("a broken ortfuse session")
+        return made(name, *args, **kwargs)
+
+    monkeypatch.setattr(run, "make_session", make)
+    with pytest.raises(RuntimeError, match="a broken ortfuse session"):
+        run.bench([path], runs=2, repeats=1, warmup=0, memory="off", progress=False,
+                  configs=["ort_disable_all", "ort_enable_all", "ortfuse_fused"])

@@ -24,6 +24,7 @@ from ortfuse.bench.sessions import (
     CONTROL,
     DEFAULT_CONFIGS,
     DEFAULT_SPINNING,
+    PEER_RUNTIMES,
     REFERENCE,
     RENAMED_CONFIGS,
     make_session,
@@ -237,7 +238,14 @@ def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) ->
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.perf_counter()
-            sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch, dims=tune_dims(src))
+            try:
+                sess = make_session(name, src.path, spinning=spinning, threads=threads, batch=batch,
+                                    dims=tune_dims(src))
+            except Exception as exc:  # noqa: BLE001 - a peer's own errors; ORT's and ortfuse's are raised
+                if CONFIGS[name].runtime not in PEER_RUNTIMES:
+                    raise
+                info[name] = {"left_out": peer_refusal(name, exc)}
+                continue
             create_s = time.perf_counter() - t0
         rss1 = proc.memory_info().rss
         report = getattr(sess, "fusion_report", None)
@@ -255,6 +263,15 @@ def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) ->
     return sessions, info
 
 
+def peer_refusal(name: str, exc: BaseException) -> str:
+    """The note for peer ``name`` that could not run a model: the first two lines of its error that
+    say more than where it was raised."""
+    lines = [ln.strip() for ln in str(exc).splitlines()
+             if ln.strip() and not ln.strip().startswith(("Exception from", "Check '"))]
+    why = " ".join(lines[:2]) if lines else type(exc).__name__
+    return f"{name} left out for this model: {CONFIGS[name].runtime} cannot run it ({why})"
+
+
 def _bench_model(
     src, batches, configs, runs, repeats, warmup, spinning, schedule: Schedule, threads, memory, seed, budget_s,
     progress, tmp
@@ -267,11 +284,13 @@ def _bench_model(
         if batch not in [b for b, _ in actual]:
             actual.append((batch, int(asked)))
     sessions, info = _create_all(src, configs, spinning, threads, actual[0][0])
+    left_out = [info[name]["left_out"] for name in configs if "left_out" in info[name]]
+    configs = [name for name in configs if name in sessions]  # a peer that cannot run this model is left out
     ref_sess = sessions.get(REFERENCE) or make_session(REFERENCE, src.path, spinning=spinning, threads=threads)
     seen = set()
     first_batch = True
     for batch, asked in actual:
-        notes = []
+        notes = list(left_out)
         if batch != asked:
             notes.append(f"{src.label} has a fixed batch dimension {batch}; --batch {asked} does not apply")
         if src.public is not None and src.dims and src.npz is None:
@@ -300,9 +319,16 @@ def _bench_model(
         reference = ref_sess.run(None, feeds)
         cfg_rows = {}
         proc = psutil.Process()
-        for name in configs:
+        for name in list(configs):
             rss0 = proc.memory_info().rss
-            outs = sessions[name].run(None, feeds)
+            try:
+                outs = sessions[name].run(None, feeds)
+            except Exception as exc:  # noqa: BLE001 - as at creation: a peer that refuses these inputs
+                if CONFIGS[name].runtime not in PEER_RUNTIMES:
+                    raise
+                notes.append(peer_refusal(name, exc))
+                configs = [c for c in configs if c != name]
+                continue
             row = dict(info[name])
             row["max_abs_diff"] = max_abs_diff(outs, reference)
             row["max_rel_diff"] = max_rel_diff(outs, reference)
