@@ -248,3 +248,9 @@ def test_readme_sections_equal_their_rendering_from_benchmarks_results():
         assert m.group("body") == "\n" + rendered + "\n", (
             "README.md's generated section is stale or hand-edited: run python tools/readme_tables.py"
         )
+
+
+def test_an_input_shape_reads_as_its_dims_and_a_scalar_as_scalar():
+    tool = _tables()
+    assert tool._shape([1, 3, 48, 192]) == "1x3x48x192"
+    assert tool._shape([]) == "scalar"  # silero_vad's sample rate

@@ -285,7 +285,7 @@ def _label(name: str, row: dict) -> str:
 
 
 def _shape(shape: list[int]) -> str:
-    return "x".join(str(d) for d in shape)
+    return "x".join(str(d) for d in shape) or "scalar"
 
 
 def _origins(doc: dict) -> str:
