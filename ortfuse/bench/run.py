@@ -232,7 +232,8 @@ def _create_all(src: ModelSource, configs, spinning, threads, batch: int = 1) ->
         warnings.simplefilter("ignore")
         make_session(BASELINE, src.path, spinning=spinning, threads=threads)
     tune_s = _tune_ahead(src, configs, spinning, threads, batch)
-    sessions, info = {}, {}
+    sessions: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {}
     for name in configs:
         rss0 = proc.memory_info().rss
         with warnings.catch_warnings(record=True) as caught:
