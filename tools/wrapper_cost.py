@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny_ffn (built here), or a model tools/auto_bench.py takes (a public model's name...)")
     parser.add_argument("--json", default=None, metavar="DIR")
     args = parser.parse_args(argv)
-    from auto_bench import TINY, model_and_feeds, tiny_ffn
+    from auto_bench import TINY, label, model_and_feeds, tiny_ffn
 
     from ortfuse.bench.environment import environment
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from ortfuse.bench.output import result_file
 
-        named = "" if args.model == TINY else f"{Path(args.model).stem}-"
+        named = "" if args.model == TINY else f"{label(args.model)}-"
         out = result_file(args.json, f"wrapper_cost-{named}{datetime.date.today().isoformat()}")  # -2, -3 when taken
         Path(out).write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")

@@ -108,15 +108,14 @@ def tune_dims(src: ModelSource) -> dict[str, int]:
     dims = {k: int(v) for k, v in src.dims.items() if k != "batch"}
     if src.public is None or src.npz is not None:
         return dims
-    # the batch is passed apart: its axes fixed here so that they are not named
-    axes = src.public.get("batch_axes", {})
-    fixed = {name: axes.get(name, 0) for name in src.public["inputs"] if name not in src.public.get("values", {})}
+    # the batch is passed apart: each input's batch axis fixed here so that it is not named
+    spec = public_models().get(src.label)
 
     def batch_fixed(name: str, dims_: list) -> list:
-        return [0 if axis == fixed.get(name) else d for axis, d in enumerate(dims_)]
+        return [0 if axis == spec.batch_axis(name) else d for axis, d in enumerate(dims_)]
 
     declared = [(name, elem, batch_fixed(name, dims_)) for name, elem, dims_ in _declared_inputs(src.path)]
-    shapes = {name: batch_fixed(name, list(shape)) for name, shape in src.public["inputs"].items()}
+    shapes = {name: spec.shape_at(name, 0) for name in spec.inputs}
     for name, size in parse_dims(dims_of(declared, shapes)).items():
         dims.setdefault(name, size)
     return dims

@@ -11,10 +11,12 @@ tests/test_anchor_ops.py checks it against the catalogue.
 Contract:
 - ``top_level_op_types(data)``: the op types of the graph's nodes (any domain), or None when the
   bytes are not a well-formed ``ModelProto`` with exactly one graph;
-- ``may_match(data, pattern_ids)`` is False only when it is certain that no pattern of
-  ``pattern_ids`` (None or "auto": all) can match: the bytes well-formed, no local functions (a call
-  names a function, not the ops it holds), no top-level node of an anchor's op type. An unknown id
-  or any other doubt answers True (the caller matches the parsed model as before).
+- ``could_match(op_types, pattern_ids, has_functions)`` is False only when it is certain that no
+  pattern of ``pattern_ids`` (None or "auto": all) can match a graph whose top-level nodes have
+  ``op_types``: no local functions (a call names a function, not the ops it holds), no node of an
+  anchor's op type. An unknown id answers True (the caller matches the parsed model as before);
+- ``may_match(data, pattern_ids)`` is ``could_match`` read from the bytes; bytes it cannot read
+  answer True.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ ANCHOR_OP_TYPES: dict[str, frozenset[str]] = {
                                 "Sigmoid", "Softplus", "Sqrt", "Sub", "Tanh"}),
 }
 
-_GRAPH_FIELD = 7  # ModelProto.graph
 _FUNCTIONS_FIELD = 25  # ModelProto.functions
 _NODE_FIELD = 1  # GraphProto.node
 _OP_TYPE_FIELD = 4  # NodeProto.op_type
@@ -50,11 +51,11 @@ _OP_TYPE_FIELD = 4  # NodeProto.op_type
 
 def top_level_op_types(data) -> set[str] | None:
     """See the module docstring."""
+    span = metadata.graph_span(data)
+    if span is None:
+        return None
+    start, length = span
     try:
-        graphs = [v for number, v in metadata._fields(data, 0, len(data)) if number == _GRAPH_FIELD]
-        if len(graphs) != 1 or not isinstance(graphs[0], tuple):
-            return None
-        start, length = graphs[0]
         found: set[str] = set()
         for number, node in metadata._fields(data, start, start + length):
             if number != _NODE_FIELD or not isinstance(node, tuple):
@@ -67,21 +68,23 @@ def top_level_op_types(data) -> set[str] | None:
         return None
 
 
-def may_match(data, pattern_ids: Iterable[str] | str | None) -> bool:
+def could_match(op_types: set[str], pattern_ids: Iterable[str] | str | None, has_functions: bool) -> bool:
     """See the module docstring."""
     from ortfuse.fusion.catalogue import _requested
 
     wanted = list(ANCHOR_OP_TYPES) if pattern_ids is None else _requested(pattern_ids)
     if any(p.lower() == "auto" for p in wanted):
         wanted = list(ANCHOR_OP_TYPES)
-    if any(p not in ANCHOR_OP_TYPES for p in wanted):
+    if has_functions or any(p not in ANCHOR_OP_TYPES for p in wanted):
         return True
+    return any(op_types & ANCHOR_OP_TYPES[p] for p in wanted)
+
+
+def may_match(data, pattern_ids: Iterable[str] | str | None) -> bool:
+    """See the module docstring."""
     try:
-        if any(number == _FUNCTIONS_FIELD for number, _ in metadata._fields(data, 0, len(data))):
-            return True
+        has_functions = any(number == _FUNCTIONS_FIELD for number, _ in metadata._fields(data, 0, len(data)))
     except (ValueError, IndexError):
         return True
     op_types = top_level_op_types(data)
-    if op_types is None:
-        return True
-    return any(op_types & ANCHOR_OP_TYPES[p] for p in wanted)
+    return op_types is None or could_match(op_types, pattern_ids, has_functions)

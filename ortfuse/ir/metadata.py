@@ -142,6 +142,21 @@ def _fields(buf, start: int, end: int):
         raise ValueError("truncated message")
 
 
+_GRAPH_FIELD = 7  # ModelProto.graph
+
+
+def graph_span(data) -> tuple[int, int] | None:
+    """(offset, length) of the graph field of serialized ``ModelProto`` bytes, or None when the bytes
+    are not a well-formed message with exactly one graph field."""
+    try:
+        found = [value for number, value in _fields(data, 0, len(data)) if number == _GRAPH_FIELD]
+    except (ValueError, IndexError):
+        return None
+    if len(found) != 1 or not isinstance(found[0], tuple):
+        return None
+    return found[0]
+
+
 def scan_props(data) -> dict[str, str] | None:
     """The model-level metadata of serialized ``ModelProto`` bytes (or an mmap) without parsing the
     graph; None when the bytes are not a well-formed message (the caller then parses normally)."""

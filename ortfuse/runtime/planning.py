@@ -397,13 +397,10 @@ def _deferred(mode: str, tuning, used) -> bool:
 
 
 def _may_match(model: onnx.ModelProto, patterns: tuple[str, ...]) -> bool:
-    """``fusion.anchor_ops.may_match`` on the parsed model."""
-    from ortfuse.fusion.anchor_ops import ANCHOR_OP_TYPES
+    """``fusion.anchor_ops.could_match`` on the parsed model."""
+    from ortfuse.fusion.anchor_ops import could_match
 
-    if model.functions or any(p not in ANCHOR_OP_TYPES for p in patterns):
-        return True
-    op_types = {n.op_type for n in model.graph.node}
-    return any(op_types & ANCHOR_OP_TYPES[p] for p in patterns)
+    return could_match({n.op_type for n in model.graph.node}, patterns, bool(model.functions))
 
 
 def _deferred_unparsed(source: str | bytes, sess_options, fusion, explicit) -> FusionReport | None:

@@ -31,7 +31,6 @@ from ortfuse.custom_ops.specs import DOMAIN
 from ortfuse.foundation.cache_paths import TUNING, cache_dir
 from ortfuse.ir import metadata
 
-_GRAPH_FIELD = 7  # ModelProto.graph
 _DOMAIN_MARK = DOMAIN.encode()  # a node of ortfuse's custom-op domain: a graph saved already fused
 
 
@@ -52,13 +51,10 @@ def has_tuning_files(graph_digest: str) -> bool:
 def graph_digest_of(data) -> str | None:
     """The digest of the model's graph field (see the module docstring), or None when the bytes are
     not a well-formed message with exactly one graph field."""
-    try:
-        found = [value for number, value in metadata._fields(data, 0, len(data)) if number == _GRAPH_FIELD]
-    except (ValueError, IndexError):
+    span = metadata.graph_span(data)
+    if span is None:
         return None
-    if len(found) != 1 or not isinstance(found[0], tuple):
-        return None
-    start, length = found[0]
+    start, length = span
     with memoryview(data) as view:  # no copy of the graph; released before a mmap closes
         return hashlib.sha256(view[start:start + length]).hexdigest()[:16]
 
