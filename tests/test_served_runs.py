@@ -1,8 +1,10 @@
 """``runtime.served_runs``: when the tuning process runs between served runs. After a short served run
 it is continued in one gap of ``SPREAD`` only (most requests find their caches as stock ORT leaves
 them), after a long one at once, and a held process is continued once the session has been idle
-``HOLD_S``. Signals are recorded, not sent (but in the last test, which sends them to a real process);
-run durations are stated through the clock."""
+``HOLD_S``. Signals are recorded, not sent (but in the tests that send them to a real process);
+run durations are stated through the clock. The rules are tested with the continue signal sent from
+the serving path (``defer_continue=False``); the thread that sends it in the session's own use has
+tests of its own."""
 
 from __future__ import annotations
 
@@ -27,14 +29,14 @@ class _Tuning:
     running = True
 
 
-def _served(monkeypatch):
+def _served(monkeypatch, defer_continue: bool = False):
     signals: list[str] = []
     monkeypatch.setattr(served_runs, "_signal", lambda process, name: signals.append(name))
     clock = [100.0]
     monkeypatch.setattr(served_runs, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
                                                                    monotonic=time.monotonic))
     session = _Session()
-    served = served_runs.ServedRuns(session, _Tuning(), lambda: False, lambda s: None)
+    served = served_runs.ServedRuns(session, _Tuning(), lambda: False, lambda s: None, defer_continue)
     served.hold(object())
     return served, signals, clock, session
 
@@ -255,3 +257,125 @@ def test_signals_stop_and_continue_a_live_process_and_skip_a_reaped_one(monkeypa
     served_runs._signal(child, "SIGSTOP")  # reaped: its pid may be another process's now, nothing is sent
     served_runs._signal(None, "SIGSTOP")  # no process: nothing
     assert sent == []
+
+
+def _until(check, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _to_a_running_gap(served, clock) -> None:
+    """Short served runs up to the one after which the process runs (the gap of ``SPREAD``)."""
+    for _ in range(served_runs.SPREAD):
+        _run(served, clock, served_runs.SHORT_RUN_S / 2)
+
+
+def test_after_a_short_run_the_continue_comes_from_a_thread_of_its_own(monkeypatch):
+    """With ``defer_continue`` (the session's use) the serving thread sends the stop signal, and the
+    continue after a long run; the continue after a short one comes from the continuer's thread."""
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    threads: list[str] = []
+    monkeypatch.setattr(served_runs, "_signal",
+                        lambda process, name: (signals.append(name), threads.append(threading.current_thread().name)))
+    serving = threading.current_thread().name
+    for _ in range(2):
+        _to_a_running_gap(served, clock)
+        assert _until(lambda: signals[-1] == "SIGCONT")
+    _run(served, clock, 2 * served_runs.SHORT_RUN_S)
+    assert signals == ["SIGSTOP", "SIGCONT"] * 3
+    assert threads == [serving, "ortfuse-continue"] * 2 + [serving, serving]
+
+
+def test_a_run_before_the_continue_finds_the_process_stopped(monkeypatch):
+    """A run that begins before the continuer has sent its signal withdraws it: no signal either way,
+    and the gap counts as one the process was held in."""
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    with served.lock:  # the continuer cannot act while the serving side holds the lock
+        _to_a_running_gap(served, clock)
+        assert signals == ["SIGSTOP"] and served._gap_ran is True  # a continue asked for, not sent
+        served.begin()
+        assert signals == ["SIGSTOP"] and served._gap_ran is False
+        clock[0] += served_runs.SHORT_RUN_S / 2
+        served.end(release=False)
+    time.sleep(0.05)
+    assert signals == ["SIGSTOP"]
+    served.hold(None)  # the thread ends; nothing pending is sent
+    time.sleep(0.05)
+    assert signals == ["SIGSTOP"]
+
+
+def test_a_replaced_process_is_never_continued_by_the_old_thread(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    sent_to: list = []
+    monkeypatch.setattr(served_runs, "_signal", lambda process, name: sent_to.append((process, name)))
+    first = served.child
+    with served.lock:
+        _to_a_running_gap(served, clock)  # a continue asked for
+        second = object()
+        served.hold(second)
+    _to_a_running_gap(served, clock)
+    assert _until(lambda: (second, "SIGCONT") in sent_to)
+    time.sleep(0.05)
+    assert (first, "SIGCONT") not in sent_to
+
+
+def test_the_continuer_continues_a_live_process(monkeypatch):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        served = served_runs.ServedRuns(_Session(), _Tuning(), lambda: False, lambda s: None)
+        served.hold(child)
+        served.begin()
+        assert _wait_status(child, os.WUNTRACED, os.WIFSTOPPED)
+        served.end(release=False)  # a short run: the continuer continues it (one gap of SPREAD)
+        for _ in range(served_runs.SPREAD - 1):
+            served.begin()
+            served.end(release=False)
+        assert _wait_status(child, os.WCONTINUED, os.WIFCONTINUED)
+        served.hold(None)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_continue_the_thread_has_not_sent_is_sent_once_the_session_is_idle(monkeypatch):
+    """The continuer runs only when a core is idle: on a busy machine the tuning driver's
+    ``resume_if_idle`` sends the continue itself after ``HOLD_S`` of idleness, and not before."""
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    with served.lock:  # the continuer cannot act
+        _to_a_running_gap(served, clock)  # a continue asked for
+        clock[0] -= 0.003  # the gap has just begun
+        served.resume_if_idle()
+        assert signals == ["SIGSTOP"]  # idle for less than HOLD_S: still the continuer's to send
+        clock[0] += served_runs.HOLD_S
+        served.resume_if_idle()
+        assert signals == ["SIGSTOP", "SIGCONT"]
+    time.sleep(0.05)
+    assert signals == ["SIGSTOP", "SIGCONT"]  # sent once
+
+
+def test_a_thread_lowered_to_the_lowest_priority_runs_there():
+    """``child_process.lowest_priority`` (the continuer's thread calls it first) lowers the calling
+    thread only: Linux's SCHED_IDLE, else nice 19."""
+    from ortfuse.foundation import child_process
+
+    seen: dict = {}
+
+    def lowered():
+        seen["policy"] = child_process.lowest_priority()
+        seen["scheduler"] = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    assert seen["policy"] in ("idle", "nice")
+    if seen["policy"] == "idle":
+        assert seen["scheduler"] == os.SCHED_IDLE
+    else:
+        assert seen["nice"] == 19
+    assert (os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None) == before

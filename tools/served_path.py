@@ -1,7 +1,8 @@
 """Where a served request's time goes while ``fusion="auto"`` tunes, beside stock ORT: for each request,
 the serving thread's wake-up (arrival to the call), the Python before ORT's C run (ortfuse's counted
 path and ORT's own input handling), the C run, and the Python after it; and the time the serving
-thread spends in each signal it sends the tuning process (SIGSTOP, SIGCONT).
+thread spends in each signal it sends the tuning process (SIGSTOP, SIGCONT; "CONT?": it had the
+continuer's thread send SIGCONT).
 
     python tools/served_path.py --models tiny_ffn[,ppocr_mobile_v2_cls,...] [--seconds 12] [--gap 2x]
                                 [--block 8] [--threads 2] [--spinning on] [--json benchmarks/results/]
@@ -102,6 +103,14 @@ def child(model: str, args) -> dict:
             sent.append(name[3:])
 
     served_runs._signal = timed_signal
+    ask = served_runs._Continuer.request
+
+    def asked(continuer) -> None:  # the serving thread has the continue sent by the continuer's thread
+        ask(continuer)
+        if threading.get_ident() == serving:
+            sent.append("CONT?")
+
+    served_runs._Continuer.request = asked
     path, feeds = auto_bench.model_and_feeds(model)
     cpu = ["CPUExecutionProvider"]
 

@@ -129,11 +129,17 @@ def background_priority() -> str:
     tasks = [0]
     with contextlib.suppress(OSError):
         tasks = [int(t) for t in os.listdir("/proc/self/task")]
-    for policy, apply in (("idle", lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))),
-                          ("nice", lambda tid: os.setpriority(os.PRIO_PROCESS, tid, 19))):
+    policies = {lowest_priority(tid) for tid in tasks}
+    return policies.pop() if len(policies) == 1 else ""
+
+
+def lowest_priority(tid: int = 0) -> str:
+    """The thread ``tid`` (0: the calling thread) at the lowest CPU priority the OS grants without
+    privileges, as ``background_priority``; returns the policy set ("idle", "nice" or "")."""
+    for policy, apply in (("idle", lambda: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))),
+                          ("nice", lambda: os.setpriority(os.PRIO_PROCESS, tid, 19))):
         try:
-            for tid in tasks:
-                apply(tid)
+            apply()
         except (AttributeError, OSError):
             continue
         return policy

@@ -7,8 +7,11 @@ Contract:
   run that completes on an ORT thread): under one lock it counts the run in (``begin``), tells the
   tuning's yielder (its runs in flight are aborted) and the tuning process's shared counts, and stops
   the tuning's child process (SIGSTOP) when it is the first run in flight; the run's feeds go to the
-  tuning while it records them; ``end`` counts it out, continues the child (SIGCONT) when no run is
-  in flight and releases replaced C sessions then (never on an ORT thread);
+  tuning while it records them; ``end`` counts it out, has the child continued (SIGCONT) when no run
+  is in flight and releases replaced C sessions then (never on an ORT thread). After a short run the
+  continue signal is sent by a thread of its own once a core is idle (``_Continuer``): the request's
+  path only wakes that thread, and a run that begins before it has sent the signal finds the child
+  still stopped and sends none;
 - served runs are counted only while the tuning needs them counted (it records feeds or runs) or a
   replaced C session waits for runs in flight: ``attach`` routes the session's runs here
   (``session._ortfuse_counting``), ``detach_if_idle`` gives them back to ORT's run alone. A run that
@@ -36,7 +39,7 @@ from typing import Any
 
 from onnxruntime import OrtValue
 
-from ortfuse.foundation import yielding
+from ortfuse.foundation import child_process, yielding
 from ortfuse.foundation.messages import one_sentence
 
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
@@ -59,6 +62,9 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # stays once chosen: the cost is the machine's and the model's, and a comparison of medians near its
 # line would otherwise alternate the two spreads (the same command: the share of requests after a gap
 # the process ran in)
+# The continue signal wakes the stopped process's threads, several times the stop's cost; after a short
+# run a thread of its own sends it, in the gap the serving thread waits in rather than in the request
+# (python tools/served_path.py --models silero_vad_16k_op15: the requests that carry CONT or CONT?).
 SHORT_RUN_S = 0.005
 SPREAD = 3
 SPREAD_COSTLY = 6
@@ -82,7 +88,8 @@ class ServedRuns:
     ``record(feeds)`` (called outside the lock). ``stopped()`` and ``paused(seconds)`` are the
     tuning's, for its ``yielder``."""
 
-    def __init__(self, session, tuning, stopped: Callable[[], bool], paused: Callable[[float], None]) -> None:
+    def __init__(self, session, tuning, stopped: Callable[[], bool], paused: Callable[[float], None],
+                 defer_continue: bool = True) -> None:
         self._session = weakref.ref(session)
         self._tuning = tuning
         self.lock = threading.RLock()  # re-entered by the tuning's gate when it fires inside the yielder's waits
@@ -106,6 +113,8 @@ class ServedRuns:
         self._gap_ran: bool | None = None
         self._gaps: collections.deque[float] = collections.deque(maxlen=GAPS)  # the last idle gaps (s)
         self.first_at: float | None = None  # time.perf_counter() of the first served run counted
+        self._defer_continue = defer_continue  # SIGCONT from a _Continuer (False: from the serving path)
+        self._continuer: _Continuer | None = None  # the thread that continues ``child`` (while it lives)
         self.yielder = yielding.Yielder(self.idle, lambda: self.inflight > 0, stopped, paused)
         self._stopped = stopped
 
@@ -142,8 +151,12 @@ class ServedRuns:
                 self._began = time.perf_counter()
                 if self._ended:
                     self._gaps.append(self._began - self._ended)
-                if self.child is not None and not self.held:
-                    self._send("SIGSTOP")
+                if self.child is not None:
+                    if self._continuer is not None and self._continuer.cancel():  # never continued
+                        if self._gap_ran:
+                            self._gap_ran = False
+                    elif not self.held:
+                        self._send("SIGSTOP")
         if record and feeds is not None:
             self._tuning.record(feeds)
 
@@ -231,7 +244,10 @@ class ServedRuns:
         self.held = short and self._short_gaps % self.spread != 0
         self._gap_ran = not self.held if short else None
         if not self.held:
-            self._send("SIGCONT")
+            if short and self._continuer is not None:  # after a long run the signal is a small share of it
+                self._continuer.request()
+            else:
+                self._send("SIGCONT")
 
     def _send(self, name: str) -> None:
         """Signal the tuning process from the serving path, timed (``spread_for``)."""
@@ -240,19 +256,26 @@ class ServedRuns:
         self._signal_s.append(time.perf_counter() - start)
 
     def resume_if_idle(self) -> None:
-        """Continue a held tuning process once no served run has been in flight for ``HOLD_S`` (the
-        tuning driver calls this while it waits for the process)."""
+        """Continue a held tuning process, or one whose continue the continuer has not sent (it runs
+        only when a core is idle), once no served run has been in flight for ``HOLD_S`` (the tuning
+        driver calls this while it waits for the process)."""
         with self.lock:
-            if self.held and self.child is not None and not self.inflight \
+            pending = self._continuer is not None and self._continuer.cancel()
+            if (self.held or pending) and self.child is not None and not self.inflight \
                     and time.perf_counter() - self._ended >= HOLD_S:
                 self.held, self._gap_ran = False, None  # a long gap: not one the spread decided
                 _signal(self.child, "SIGCONT")
+            elif pending:
+                self._continuer.request()
 
     def hold(self, child) -> None:
         """``child`` (a ``subprocess.Popen`` of the tuning, or None once it has ended) is stopped
         while a served run is in flight: at once if one is."""
         with self.lock:
+            if self._continuer is not None:
+                self._continuer.close()
             self.child, self.held, self._gap_ran = child, False, None  # no gap of this process decided yet
+            self._continuer = _Continuer(self.lock, child) if child is not None and self._defer_continue else None
             if child is not None and self.inflight:
                 _signal(child, "SIGSTOP")
 
@@ -295,6 +318,53 @@ class ServedRuns:
             if not self.inflight:
                 retired, self.retired = self.retired, []
         del retired
+
+
+class _Continuer:
+    """Continues a stopped tuning process from a thread of its own: ``request`` (the serving thread,
+    under ``lock``) wakes the thread, which sends SIGCONT under ``lock`` once it gets the interpreter
+    (as the serving thread waits for its next request) unless ``cancel`` (a run began: the process is
+    still stopped and needs no stop signal) or ``close`` came first. The thread runs at the lowest
+    CPU priority (SCHED_IDLE, where the platform has it): woken on a busy core it waits for the
+    serving thread to let go of it rather than preempting it (the same command as above: the requests
+    in whose path the continuer was woken); a request the thread has not carried out within
+    ``HOLD_S`` of idleness is carried out by ``resume_if_idle``."""
+
+    def __init__(self, lock, process) -> None:
+        self._lock, self._process = lock, process
+        self._pending = self._closed = False
+        self._wake = threading.Lock()
+        self._wake.acquire()  # released once per request; only the thread acquires it
+        threading.Thread(target=self._loop, name="ortfuse-continue", daemon=True).start()
+
+    def request(self) -> None:
+        """Have the process continued (the caller holds ``lock``): a lock released, no system call
+        when the thread is already awake."""
+        self._pending = True
+        if self._wake.locked():
+            self._wake.release()
+
+    def cancel(self) -> bool:
+        """Withdraw a request not yet carried out (the caller holds ``lock``); whether there was one."""
+        pending, self._pending = self._pending, False
+        return pending
+
+    def close(self) -> None:
+        """End the thread (the caller holds ``lock``); a pending request is dropped."""
+        self._pending, self._closed = False, True
+        if self._wake.locked():
+            self._wake.release()
+
+    def _loop(self) -> None:
+        child_process.lowest_priority()
+        while True:
+            self._wake.acquire()
+            with self._lock:
+                if self._closed:
+                    return
+                if self._pending:
+                    self._pending = False
+                    _signal(self._process, "SIGCONT")
 
 
 def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: Iterable[float] = (),
