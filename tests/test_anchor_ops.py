@@ -100,3 +100,25 @@ def test_the_parsed_path_asks_the_same_question():
     assert not _may_match(_if_model(), ids) and _may_match(_if_model(with_functions=True), ids)
     conv = next(e for e in catalogue.rule("conv_act").examples if e.reason is None).build()
     assert _may_match(conv, ids) and _may_match(conv, ("conv_act",)) and not _may_match(conv, ("silu",))
+
+
+@pytest.mark.parametrize("mode", ["sync", "off"])
+def test_auto_in_every_tuning_mode_measures_nothing_on_a_model_none_can_match(tmp_path, monkeypatch, mode):
+    """``ortfuse.tune`` sync measures at creation and off reads the cache: on a model no pattern can
+    match, neither calls the tuner (which would run ORT on inputs made from the declared shapes), and
+    the report says why."""
+    from ortfuse.foundation.session_options import TUNE_KEY
+    from ortfuse.runtime import planning
+
+    monkeypatch.setenv("ORTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list = []
+    monkeypatch.setattr(planning, "auto_tuning", lambda *args: calls.append(args))
+    path = tmp_path / "if_only.onnx"
+    onnx.save(_if_model(), str(path))
+    so = ort.SessionOptions()
+    so.add_session_config_entry(TUNE_KEY, mode)
+    session = ortfuse.InferenceSession(str(path), so, providers=["CPUExecutionProvider"], fusion="auto")
+    assert calls == [] and session.fusion_report.reason == planning.NO_ANCHOR
+    stock = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.ones((2, 3), np.float32), "flag": np.array(False)}
+    assert np.array_equal(session.run(None, feeds)[0], stock.run(None, feeds)[0])  # tolerance 0: ORT's graph

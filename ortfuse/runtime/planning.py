@@ -337,11 +337,13 @@ def _plan_uncached(source, sess_options, fusion, explicit, kernels, mode: str, t
     if why_not:
         return None, stepped_aside(why_not, fusion, stacklevel=6, patterns=list(patterns)), None, None
     auto = fusion == "auto" or (fusion is not False and request.annotated and request.auto and explicit is None)
+    if auto and tuning is None and not _may_match(model, patterns):  # final in every mode: nothing to measure
+        return None, FusionReport(patterns=[], reason=NO_ANCHOR), [], None
     used = None
     if auto:
         used = tuning if tuning is not None else auto_tuning(model, patterns, sess_options, mode)
-    # nothing known: the live tuning finds the matches (a model none can match is matched here, at once)
-    if used is not None and _deferred(mode, tuning, used) and _may_match(model, patterns):
+    # nothing known: the live tuning finds the matches
+    if used is not None and _deferred(mode, tuning, used):
         report = FusionReport(patterns=list(patterns), reason=UNKNOWN_YET, notes=[DEFERRED_NOTE])
         return None, report, None, used
     keep = used.keep_rule(model) if used is not None else None
