@@ -33,7 +33,10 @@ the same feeds (with the default block of 8, every block the 8 in the same order
 through feeds are slower than runs repeating one).
 
 Phases:
-1. the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
+1. the gap is set from a throwaway stock session's runs; the two stock sessions are created cold,
+   as the auto session is: every session's first served runs (a new session's first runs are slower
+   on every model) count alike;
+   the auto session is created (seconds); a serving thread serves blocks of ``--block`` requests in
    turn: auto, stock, auto, a second stock session (the A/A control), ... While a stock block runs,
    the live tuning is held as during one long served run (its process stopped, its timing in flight
    discarded): stock is served with no tuning going on, in the same minutes, on the same machine
@@ -199,10 +202,12 @@ def child(name: str, args) -> dict:
         session.run(None, feed)
         return (time.perf_counter() - start) * 1e3
 
+    gauge = ort.InferenceSession(path, options(), providers=cpu)  # stock's p50 for the gap, then let go
+    gap = _gap_s(args.gap, statistics.median(timed(gauge, feeds[i % 8]) for i in range(10)))
+    del gauge
+    # every served session is served from its creation: its first, cold runs count as auto's do
     stock = ort.InferenceSession(path, options(), providers=cpu)
     stock_aa = ort.InferenceSession(path, options(), providers=cpu)
-    warm = [timed(s, feeds[i % 8]) for i in range(5) for s in (stock, stock_aa)]
-    gap = _gap_s(args.gap, statistics.median(warm))
     t0 = time.perf_counter()
     auto = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
     created_s = time.perf_counter() - t0
