@@ -260,13 +260,14 @@ class ServedRuns:
         only when a core is idle), once no served run has been in flight for ``HOLD_S`` (the tuning
         driver calls this while it waits for the process)."""
         with self.lock:
-            pending = self._continuer is not None and self._continuer.cancel()
+            continuer = self._continuer
+            pending = continuer is not None and continuer.cancel()
             if (self.held or pending) and self.child is not None and not self.inflight \
                     and time.perf_counter() - self._ended >= HOLD_S:
                 self.held, self._gap_ran = False, None  # a long gap: not one the spread decided
                 _signal(self.child, "SIGCONT")
-            elif pending:
-                self._continuer.request()
+            elif continuer is not None and pending:
+                continuer.request()
 
     def hold(self, child) -> None:
         """``child`` (a ``subprocess.Popen`` of the tuning, or None once it has ended) is stopped
