@@ -1,7 +1,8 @@
-"""``runtime.served_runs``: when the tuning process runs between served runs. After a short served run
-it is continued in one gap of ``SPREAD`` only (most requests find their caches as stock ORT leaves
-them), after a long one at once, and a held process is continued once the session has been idle
-``HOLD_S``. Signals are recorded, not sent (but in the tests that send them to a real process);
+"""``runtime.served_runs``: when the tuning process runs between served runs. After short served runs
+it runs in ``BURST`` gaps in a row, then rests through ``(spread - 1) * BURST`` served runs that take
+the resting path (most requests find their caches as stock ORT leaves them, and carry no counting),
+after a long run it is continued at once, and a held or resting process is continued once the
+session has been idle ``HOLD_S``. Signals are recorded, not sent (but in the tests that send them to a real process);
 run durations are stated through the clock. The rules are tested with the continue signal sent from
 the serving path (``defer_continue=False``); the thread that sends it in the session's own use has
 tests of its own."""
@@ -42,26 +43,49 @@ def _served(monkeypatch, defer_continue: bool = False):
 
 
 def _run(served, clock, seconds: float, gap: float = 0.003) -> None:
-    served.begin()
-    clock[0] += seconds
-    served.end(release=False)
+    """One served run of ``seconds`` through ``counted`` (the resting path while the process rests)."""
+
+    def call():
+        clock[0] += seconds
+
+    served.counted(None, call)
     clock[0] += gap
 
 
-def test_after_short_runs_the_process_runs_in_one_gap_of_spread(monkeypatch):
+def _next_rest(served, clock, seconds: float = served_runs.SHORT_RUN_S / 2, gap: float = 0.003) -> int:
+    """Short served runs (through a rest under way) until a rest begins; its length in served runs."""
+    while served._rest_left > 0:
+        _run(served, clock, seconds)
+    for _ in range(served_runs.BURST + 1):
+        _run(served, clock, seconds, gap)
+        if served._rest_left > 0:
+            return served._rest_left
+    raise AssertionError("no rest began after a burst")
+
+
+def test_after_short_runs_the_process_runs_in_a_burst_then_rests(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
-    short = served_runs.SHORT_RUN_S / 2
-    for _ in range(3 * served_runs.SPREAD):
+    short, burst, spread = served_runs.SHORT_RUN_S / 2, served_runs.BURST, served_runs.SPREAD
+    for _ in range(burst):
         _run(served, clock, short)
-    assert signals.count("SIGCONT") == 3  # one gap of SPREAD
-    assert signals.count("SIGSTOP") == 3  # a held process is not stopped again
-    assert served.held == (3 * served_runs.SPREAD % served_runs.SPREAD != 0)
+    assert signals == ["SIGSTOP", "SIGCONT"] * burst and not served.held  # every gap of the burst
+    _run(served, clock, short)  # the burst is over: the process rests
+    assert signals[-1] == "SIGSTOP" and served.held and served._rest_left == (spread - 1) * burst
+    sent, runs = len(signals), served.runs
+    for _ in range((spread - 1) * burst - 1):
+        _run(served, clock, short)
+    # the resting path: no signal, nothing counted in or out
+    assert len(signals) == sent and served._rest_left == 1 and served.runs == runs and not served._rest_flight
+    _run(served, clock, short)  # the last run of the rest ends it, its runs added to the count
+    assert served._rest_left == 0 and served.runs == runs + (spread - 1) * burst and served.held
+    _run(served, clock, short)  # counted again: held in the gap before it, a burst begins after it
+    assert signals[sent:] == ["SIGCONT"] and not served.held
 
 
 def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
     """Where a signal from the serving path takes more than ``SIGNAL_SHARE`` of a short run (the
     stated clock: each signal advances it), after ``SIGNAL_SAMPLES`` short gaps the process runs in one
-    gap of ``SPREAD_COSTLY``; cheap signals keep ``SPREAD`` (the stop signal counts in the run after a
+    burst of ``SPREAD_COSTLY`` bursts; cheap signals keep ``SPREAD`` (the stop signal counts in the run after a
     gap the process ran in: below ``RAN_GAP_SLOWDOWN`` of it too)."""
     short = served_runs.SHORT_RUN_S / 10
     for signal_s, spread in ((2 * served_runs.SIGNAL_SHARE * short, served_runs.SPREAD_COSTLY),
@@ -73,27 +97,25 @@ def test_costly_signals_spread_the_process_over_more_gaps(monkeypatch):
             clock[0] += signal_s
 
         monkeypatch.setattr(served_runs, "_signal", slow)
-        for _ in range(served_runs.SIGNAL_SAMPLES):
+        while served._short_gaps < served_runs.SIGNAL_SAMPLES:
             _run(served, clock, short)
         assert served.spread == spread
-        before = signals.count("SIGCONT")
-        for _ in range(3 * spread):
-            _run(served, clock, short)
-        assert signals.count("SIGCONT") - before == 3
+        assert _next_rest(served, clock, short) == (spread - 1) * served_runs.BURST
 
 
 def test_runs_slowed_after_the_gaps_the_process_ran_in_spread_it_over_more_gaps(monkeypatch):
     """Where the short runs after gaps the process ran in take more than ``1 + RAN_GAP_SLOWDOWN`` times
-    those after gaps it was held in (its work evicted the serving thread's caches), after
-    ``SIGNAL_SAMPLES`` short gaps the process runs in one gap of ``SPREAD_COSTLY``; runs as fast
-    after either keep ``SPREAD``. The first run after a long one counts on neither side."""
+    those after gaps it was held in (its work evicted the serving thread's caches), once each side
+    has ``RAN_GAP_MIN`` samples (a held gap before the first counted run after each rest) the process
+    runs in one burst of ``SPREAD_COSTLY``; runs as fast after either keep ``SPREAD``. The first run
+    after a long one counts on neither side, nor do the runs of a rest."""
     short = served_runs.SHORT_RUN_S / 10
     for slowdown, spread in ((1 + 2 * served_runs.RAN_GAP_SLOWDOWN, served_runs.SPREAD_COSTLY),
                             (1 - served_runs.RAN_GAP_SLOWDOWN, served_runs.SPREAD)):
         served, signals, clock, _ = _served(monkeypatch)
         _run(served, clock, 2 * served_runs.SHORT_RUN_S)  # a long run: the process runs in the gap after it
         ran = []
-        for _ in range(served_runs.SIGNAL_SAMPLES):
+        while len(served._after_held) < served_runs.RAN_GAP_MIN or served._short_gaps % served_runs.SIGNAL_SAMPLES:
             ran.append(served._gap_ran)
             _run(served, clock, short * slowdown if served._gap_ran else short)
         assert served.spread == spread
@@ -108,29 +130,27 @@ def test_the_costly_spread_stays_once_chosen(monkeypatch):
     gap do not bring ``SPREAD`` back (a rule at its line would alternate them)."""
     served, signals, clock, _ = _served(monkeypatch)
     short = served_runs.SHORT_RUN_S / 10
-    for _ in range(served_runs.SIGNAL_SAMPLES):
+    while served.spread != served_runs.SPREAD_COSTLY and served._short_gaps < 20 * served_runs.SIGNAL_SAMPLES:
         _run(served, clock, short * (1 + 2 * served_runs.RAN_GAP_SLOWDOWN) if served._gap_ran else short)
     assert served.spread == served_runs.SPREAD_COSTLY
-    for _ in range(4 * served_runs.RAN_GAP_SAMPLES):  # every sample of both sides replaced
-        _run(served, clock, short)
+    while len(served._after_ran) < served_runs.RAN_GAP_SAMPLES or any(run > 1.001 * short for run in served._after_ran):
+        _run(served, clock, short)  # every sample of the slowed side replaced
     assert served_runs.spread_for(served._signal_s, served._short_s, served._after_ran,
                                   served._after_held) == served_runs.SPREAD
     assert served.spread == served_runs.SPREAD_COSTLY
-    before = signals.count("SIGCONT")
-    for _ in range(3 * served_runs.SPREAD_COSTLY):
-        _run(served, clock, short)
-    assert signals.count("SIGCONT") - before == 3
+    assert _next_rest(served, clock, short) == (served_runs.SPREAD_COSTLY - 1) * served_runs.BURST
 
 
 def test_a_gap_resumed_as_idle_counts_on_neither_side(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
-    _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)
+    _next_rest(served, clock, gap=0.0)
     assert served.held and served._gap_ran is False
     clock[0] += served_runs.HOLD_S
     served.resume_if_idle()
-    assert not served.held and served._gap_ran is None
+    assert not served.held and served._gap_ran is None and served._rest_left == 0
+    ran, held = len(served._after_ran), len(served._after_held)
     _run(served, clock, served_runs.SHORT_RUN_S / 2)
-    assert not served._after_ran and not served._after_held
+    assert (len(served._after_ran), len(served._after_held)) == (ran, held)
 
 
 def test_the_spread_rule_compares_medians():
@@ -145,6 +165,8 @@ def test_the_spread_rule_compares_medians():
     assert served_runs.spread_for([], [], [1e-3 * (1 + 2 * slowdown)] * 5, [1e-3] * 5) == served_runs.SPREAD_COSTLY
     assert served_runs.spread_for([], [], [1e-3 * (1 + slowdown / 2)] * 5, [1e-3] * 5) == served_runs.SPREAD
     assert served_runs.spread_for([], [], [1.0] * 5, []) == served_runs.SPREAD  # no held gap measured yet
+    too_few = served_runs.RAN_GAP_MIN - 1
+    assert served_runs.spread_for([], [], [1.0] * 5, [1e-3] * too_few) == served_runs.SPREAD
 
 
 def test_after_a_long_run_the_process_runs_at_once(monkeypatch):
@@ -154,15 +176,16 @@ def test_after_a_long_run_the_process_runs_at_once(monkeypatch):
     assert signals == ["SIGSTOP", "SIGCONT"] * 4 and not served.held
 
 
-def test_a_held_process_is_continued_once_the_session_is_idle(monkeypatch):
+def test_a_resting_process_is_continued_once_the_session_is_idle(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
-    _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)
-    assert served.held and signals == ["SIGSTOP"]
+    _next_rest(served, clock, gap=0.0)
+    assert served.held and signals[-1] == "SIGSTOP"
+    sent = len(signals)
     served.resume_if_idle()
-    assert served.held  # idle for less than HOLD_S
+    assert served.held and served._rest_left  # idle for less than HOLD_S
     clock[0] += served_runs.HOLD_S
     served.resume_if_idle()
-    assert not served.held and signals == ["SIGSTOP", "SIGCONT"]
+    assert not served.held and signals[sent:] == ["SIGCONT"] and served._rest_left == 0
     served.begin()  # a run in flight: a held process is never continued
     assert signals[-1] == "SIGSTOP"
     served.held = True
@@ -172,12 +195,46 @@ def test_a_held_process_is_continued_once_the_session_is_idle(monkeypatch):
     served.end(release=False)
 
 
+def test_a_rest_ends_as_idle_only_when_no_run_ended_for_hold_s_and_none_is_in_flight(monkeypatch):
+    """Runs of a rest come uncounted: the tuning driver reads the countdown, and a rest ends as idle
+    only when it has not moved for ``HOLD_S`` and no run of the rest is in flight (another thread's)."""
+    served, signals, clock, _ = _served(monkeypatch)
+    _next_rest(served, clock)
+    sent = len(signals)
+    clock[0] += served_runs.HOLD_S / 2
+    _run(served, clock, served_runs.SHORT_RUN_S / 2, gap=0.0)  # a run of the rest
+    clock[0] += served_runs.HOLD_S * 0.75
+    served.resume_if_idle()  # the countdown moved since its last look: not idle yet
+    assert served._rest_left and len(signals) == sent
+    served._rest_flight.append(None)  # a run of the rest in flight on another thread
+    clock[0] += 1.0
+    served.resume_if_idle()
+    assert served._rest_left and len(signals) == sent
+    served._rest_flight.pop()
+    served.resume_if_idle()
+    assert not served._rest_left and signals[sent:] == ["SIGCONT"]
+
+
+def test_a_run_of_the_rest_in_flight_keeps_the_process_held_after_the_rest(monkeypatch):
+    """The rest ends with its last run while another thread's run of it is still going: the counted runs
+    after it leave the process held until that run has ended too."""
+    served, signals, clock, _ = _served(monkeypatch)
+    rest = _next_rest(served, clock)
+    served._rest_flight.append(None)
+    for _ in range(rest + 2):
+        _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert served._rest_left <= 0 and served.held and signals[-1] == "SIGSTOP"
+    served._rest_flight.pop()
+    _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert not served.held and signals[-1] == "SIGCONT"
+
+
 def test_a_new_process_starts_not_held(monkeypatch):
     served, signals, clock, _ = _served(monkeypatch)
-    _run(served, clock, served_runs.SHORT_RUN_S / 2)
-    assert served.held
+    _next_rest(served, clock)
+    assert served.held and served._rest_left
     served.hold(None)
-    assert not served.held
+    assert not served.held and served._rest_left == 0
     served.hold(object())
     thread = threading.Thread(target=lambda: _run(served, clock, 2 * served_runs.SHORT_RUN_S))
     thread.start()
@@ -269,9 +326,9 @@ def _until(check, seconds: float = 10.0) -> bool:
 
 
 def _to_a_running_gap(served, clock) -> None:
-    """Short served runs up to the one after which the process runs (the gap of ``SPREAD``)."""
-    for _ in range(served_runs.SPREAD):
-        _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    """A short served run of a burst, after which the process runs."""
+    _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert served._gap_ran is True
 
 
 def test_after_a_short_run_the_continue_comes_from_a_thread_of_its_own(monkeypatch):
@@ -300,10 +357,10 @@ def test_a_run_before_the_continue_finds_the_process_stopped(monkeypatch):
         served.begin()
         assert signals == ["SIGSTOP"] and served._gap_ran is False
         clock[0] += served_runs.SHORT_RUN_S / 2
+        served.end(release=False)  # a gap of the burst: a continue asked for again
+        served.begin()  # and withdrawn
         served.end(release=False)
-    time.sleep(0.05)
-    assert signals == ["SIGSTOP"]
-    served.hold(None)  # the thread ends; nothing pending is sent
+        served.hold(None)  # the thread ends; nothing pending is sent
     time.sleep(0.05)
     assert signals == ["SIGSTOP"]
 
@@ -330,10 +387,7 @@ def test_the_continuer_continues_a_live_process(monkeypatch):
         served.hold(child)
         served.begin()
         assert _wait_status(child, os.WUNTRACED, os.WIFSTOPPED)
-        served.end(release=False)  # a short run: the continuer continues it (one gap of SPREAD)
-        for _ in range(served_runs.SPREAD - 1):
-            served.begin()
-            served.end(release=False)
+        served.end(release=False)  # a short run of the burst: the continuer continues it
         assert _wait_status(child, os.WCONTINUED, os.WIFCONTINUED)
         served.hold(None)
     finally:

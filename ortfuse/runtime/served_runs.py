@@ -12,6 +12,11 @@ Contract:
   continue signal is sent by a thread of its own once a core is idle (``_Continuer``): the request's
   path only wakes that thread, and a run that begins before it has sent the signal finds the child
   still stopped and sends none;
+- after short runs the child runs in ``BURST`` gaps in a row, then rests, kept stopped, for
+  ``(spread - 1) * BURST`` served runs: those runs are counted only in a deque of runs in flight and
+  a countdown (``counted``'s resting path), none of the bookkeeping above, and the last of them ends
+  the rest; the tuning driver ends a rest in which no run ended for ``HOLD_S`` and none is in
+  flight (the session is idle) and continues the child;
 - served runs are counted only while the tuning needs them counted (it records feeds or runs) or a
   replaced C session waits for runs in flight: ``attach`` routes the session's runs here
   (``session._ortfuse_counting``), ``detach_if_idle`` gives them back to ORT's run alone. A run that
@@ -45,11 +50,11 @@ from ortfuse.foundation.messages import one_sentence
 RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to release a replaced C session
 # A request in whose path the serving thread stops or continues the tuning process pays for the signal
 # (the system call, which wakes or interrupts the process's threads on other cores, and what follows);
-# after a served run shorter than SHORT_RUN_S that is a visible share of the request, so the process is
-# continued in one gap of SPREAD only (or once the session has been idle HOLD_S) and most requests
-# carry no signal. Where a signal takes more than SIGNAL_SHARE of a short run (medians of the last
+# after a served run shorter than SHORT_RUN_S that is a visible share of the request, so the process
+# runs in BURST gaps of SPREAD * BURST only (or once the session has been idle HOLD_S) and most
+# requests carry no signal. Where a signal takes more than SIGNAL_SHARE of a short run (medians of the last
 # SIGNAL_SAMPLES of each), the requests that carry one would exceed the p50 allowed while tuning on
-# their own: SPREAD_COSTLY then, at most a third of the requests carry one and the p50 falls among
+# their own: SPREAD_COSTLY then, a sixth of the requests carry one and the p50 falls among
 # those that carry none (python tools/served_path.py --models tiny_ffn: auto_quiet against auto).
 # The process's work in a gap costs the short run after it too, by the caches it evicts: with ORT's
 # default spinning a served session's pool thread keeps the other core through the gap, so the process
@@ -65,13 +70,21 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # The continue signal wakes the stopped process's threads, several times the stop's cost; after a short
 # run a thread of its own sends it, in the gap the serving thread waits in rather than in the request
 # (python tools/served_path.py --models silero_vad_16k_op15: the requests that carry CONT or CONT?).
+# Counting a served run in and out costs a sub-millisecond run a visible share of its time on its own
+# (the lock and the bookkeeping above, run cold after the idle gap and after ORT's run): the process
+# therefore runs in BURST gaps in a row and rests through the runs that would have been held one at a
+# time, and those runs take the resting path only, a deque and a countdown (python tools/auto_bench.py
+# --models silero_vad_16k_op15: auto's requests after gaps the process was held in, against stock's at
+# the same place in a block)
 SHORT_RUN_S = 0.005
+BURST = 8
 SPREAD = 3
 SPREAD_COSTLY = 6
 SIGNAL_SHARE = 0.05
 SIGNAL_SAMPLES = 16
 RAN_GAP_SLOWDOWN = 0.02
 RAN_GAP_SAMPLES = 32
+RAN_GAP_MIN = 3  # samples on each side before the runs after gaps are compared (one held gap per rest)
 HOLD_S = 0.01
 GAPS = 8  # the recent gaps between served runs wait_gap_start reads the session's rhythm from
 
@@ -103,7 +116,12 @@ class ServedRuns:
         self.held = False  # the tuning process is kept stopped in this gap (after a short served run)
         self._began = self._ended = 0.0  # when the served runs in flight began and when they last ended
         self._short_gaps = 0  # gaps after short served runs so far
-        self.spread = SPREAD  # the gaps after short runs the process runs in one of (``spread_for``)
+        self.spread = SPREAD  # the process runs in BURST gaps of spread * BURST after short runs (``spread_for``)
+        self._burst = BURST  # gaps after short runs left in this burst, in which the process runs
+        self._rest_left = 0  # served runs left in the rest (> 0: resting, the runs take the resting path)
+        self._rest_runs = 0  # the rest's length in served runs
+        self._rest_seen = (0, 0.0)  # _rest_left when the tuning driver last saw it change, and when
+        self._rest_flight: collections.deque = collections.deque()  # the rest's runs in flight, one item each
         self._signal_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # on the serving path
         self._short_s: collections.deque[float] = collections.deque(maxlen=SIGNAL_SAMPLES)  # short runs' durations
         # short runs after a gap after a short run, by whether the process ran in it (``spread_for``)
@@ -180,7 +198,19 @@ class ServedRuns:
             self.detach_if_idle()
 
     def counted(self, feeds: Mapping | None, call, *args):
-        """``call(*args)`` as a run in flight (``feeds`` recorded while recording)."""
+        """``call(*args)`` as a run in flight (``feeds`` recorded while recording). While the process
+        rests, the run is only appended to a deque (one C call each way, safe from any thread) and
+        counted down; the last run of the rest ends it (``_end_rest``)."""
+        if self._rest_left > 0:
+            flight = self._rest_flight
+            flight.append(None)
+            try:
+                return call(*args)
+            finally:
+                flight.pop()
+                self._rest_left -= 1  # a decrement lost to another thread lengthens the rest by a run
+                if self._rest_left <= 0:
+                    self._end_rest()
         self.begin(feeds)
         try:
             return call(*args)
@@ -230,9 +260,9 @@ class ServedRuns:
                     self.idle.wait(0.05)
 
     def _continue_locked(self, run_s: float) -> None:
-        """No served run in flight: continue the tuning process, unless the run that just ended (``run_s``
-        seconds) was short and this is not the gap of ``spread`` in which it runs (``held``;
-        ``resume_if_idle``)."""
+        """No served run in flight: continue the tuning process, unless it rests (or a run of the rest
+        is still in flight), or the run that just ended (``run_s`` seconds) was short and its burst is
+        over, which starts a rest (``held``; ``resume_if_idle``)."""
         short = run_s < SHORT_RUN_S
         if short:
             self._short_gaps += 1
@@ -241,13 +271,35 @@ class ServedRuns:
                 (self._after_ran if self._gap_ran else self._after_held).append(run_s)
             if self._short_gaps % SIGNAL_SAMPLES == 0 and self.spread != SPREAD_COSTLY:
                 self.spread = spread_for(self._signal_s, self._short_s, self._after_ran, self._after_held)
-        self.held = short and self._short_gaps % self.spread != 0
+        if self._rest_left > 0 or self._rest_flight:
+            self.held = True
+        elif short and self._burst <= 0:
+            self.held = True
+            self._rest_left = self._rest_runs = (self.spread - 1) * BURST
+            self._rest_seen = (self._rest_left, self._ended)
+        else:
+            self.held = False
+            if short:
+                self._burst -= 1
         self._gap_ran = not self.held if short else None
         if not self.held:
             if short and self._continuer is not None:  # after a long run the signal is a small share of it
                 self._continuer.request()
             else:
                 self._send("SIGCONT")
+
+    def _end_rest(self, idle: bool = False) -> None:
+        """The rest is over (its last run ended, or ``idle``: the tuning driver saw none end for
+        ``HOLD_S`` and none in flight): served runs are counted again, a burst begins, and the
+        session's idleness counts from now (``idle``: from ``HOLD_S`` ago, so ``resume_if_idle``
+        continues the process at once)."""
+        with self.lock:
+            if self._rest_runs:
+                self.runs += self._rest_runs - max(self._rest_left, 0)
+                self._rest_left = self._rest_runs = 0
+                self._burst = BURST
+                if not self.inflight:
+                    self._ended = time.perf_counter() - (HOLD_S if idle else 0.0)
 
     def _send(self, name: str) -> None:
         """Signal the tuning process from the serving path, timed (``spread_for``)."""
@@ -260,9 +312,16 @@ class ServedRuns:
         only when a core is idle), once no served run has been in flight for ``HOLD_S`` (the tuning
         driver calls this while it waits for the process)."""
         with self.lock:
+            if self._rest_left > 0:  # runs come uncounted: a rest ends idle when none ended for HOLD_S
+                now = time.perf_counter()
+                if self._rest_left != self._rest_seen[0]:
+                    self._rest_seen = (self._rest_left, now)
+                if self._rest_flight or now - self._rest_seen[1] < HOLD_S:
+                    return
+                self._end_rest(idle=True)
             continuer = self._continuer
             pending = continuer is not None and continuer.cancel()
-            if (self.held or pending) and self.child is not None and not self.inflight \
+            if (self.held or pending) and self.child is not None and not self.inflight and not self._rest_flight \
                     and time.perf_counter() - self._ended >= HOLD_S:
                 self.held, self._gap_ran = False, None  # a long gap: not one the spread decided
                 _signal(self.child, "SIGCONT")
@@ -276,6 +335,9 @@ class ServedRuns:
             if self._continuer is not None:
                 self._continuer.close()
             self.child, self.held, self._gap_ran = child, False, None  # no gap of this process decided yet
+            if self._rest_runs:
+                self._end_rest()
+            self._burst = BURST
             self._continuer = _Continuer(self.lock, child) if child is not None and self._defer_continue else None
             if child is not None and self.inflight:
                 _signal(child, "SIGSTOP")
@@ -372,12 +434,13 @@ def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: I
                after_held: Iterable[float] = ()) -> int:
     """``SPREAD_COSTLY`` when the median signal sent from the serving path takes more than
     ``SIGNAL_SHARE`` of the median short served run, or the median short run after a gap the process
-    ran in more than ``1 + RAN_GAP_SLOWDOWN`` times the median one after a gap it was held in; else
-    ``SPREAD`` (also for a comparison with no samples on a side)."""
+    ran in more than ``1 + RAN_GAP_SLOWDOWN`` times the median one after a gap it was held in (each
+    side ``RAN_GAP_MIN`` samples or more); else ``SPREAD`` (also for a comparison with too few)."""
     signals, runs, ran, held = list(signal_s), list(short_s), list(after_ran), list(after_held)
     if signals and runs and statistics.median_high(signals) > SIGNAL_SHARE * statistics.median_high(runs):
         return SPREAD_COSTLY
-    if ran and held and statistics.median_high(ran) > (1 + RAN_GAP_SLOWDOWN) * statistics.median_high(held):
+    if min(len(ran), len(held)) >= RAN_GAP_MIN \
+            and statistics.median_high(ran) > (1 + RAN_GAP_SLOWDOWN) * statistics.median_high(held):
         return SPREAD_COSTLY
     return SPREAD
 
