@@ -9,6 +9,7 @@ tests of its own."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -227,6 +228,26 @@ def test_a_run_of_the_rest_in_flight_keeps_the_process_held_after_the_rest(monke
     served._rest_flight.pop()
     _run(served, clock, served_runs.SHORT_RUN_S / 2)
     assert not served.held and signals[-1] == "SIGCONT"
+
+
+def test_a_run_that_finds_the_rest_ended_as_it_enters_is_counted_and_stops_the_process(monkeypatch):
+    """The tuning driver ends an idle rest and continues the process between a run's check of the rest
+    and its append to the rest's runs in flight: the run goes the counted way, whose begin stops the
+    process, rather than running beside it uncounted."""
+    served, signals, clock, _ = _served(monkeypatch)
+    _next_rest(served, clock)
+
+    class Racing(collections.deque):
+        def append(self, item):
+            clock[0] += served_runs.HOLD_S  # idle long enough: the driver ends the rest and continues
+            served.resume_if_idle()
+            super().append(item)
+
+    served._rest_flight = Racing()
+    runs = served.runs
+    _run(served, clock, served_runs.SHORT_RUN_S / 2)
+    assert signals[-3:-1] == ["SIGCONT", "SIGSTOP"]  # continued by the driver, stopped by the run's begin
+    assert served.runs == runs + 1 and not served._rest_flight and served._rest_left == 0
 
 
 def test_a_new_process_starts_not_held(monkeypatch):

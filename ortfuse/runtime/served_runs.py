@@ -200,17 +200,21 @@ class ServedRuns:
     def counted(self, feeds: Mapping | None, call, *args):
         """``call(*args)`` as a run in flight (``feeds`` recorded while recording). While the process
         rests, the run is only appended to a deque (one C call each way, safe from any thread) and
-        counted down; the last run of the rest ends it (``_end_rest``)."""
+        counted down; the last run of the rest ends it (``_end_rest``). A rest that ended between the
+        check and the append (``resume_if_idle``, which continues the process) sends the run the
+        counted way, whose ``begin`` stops the process."""
         if self._rest_left > 0:
             flight = self._rest_flight
             flight.append(None)
-            try:
-                return call(*args)
-            finally:
-                flight.pop()
-                self._rest_left -= 1  # a decrement lost to another thread lengthens the rest by a run
-                if self._rest_left <= 0:
-                    self._end_rest()
+            if self._rest_left > 0:  # still resting once in flight: the driver ends a rest only with none in flight
+                try:
+                    return call(*args)
+                finally:
+                    flight.pop()
+                    self._rest_left -= 1  # a decrement lost to another thread lengthens the rest by a run
+                    if self._rest_left <= 0:
+                        self._end_rest()
+            flight.pop()  # the rest ended meanwhile (the process may run): counted as any run
         self.begin(feeds)
         try:
             return call(*args)
