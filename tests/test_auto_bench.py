@@ -1,6 +1,6 @@
 """tools/auto_bench.py: the served requests while tuning, counted by the tuning step in effect when
 each arrived (``slow_by_step``), on a stated trace (no timing asserted); and the checkout whose
-ortfuse the tool measures."""
+ortfuse the tool measures; ``--alone``'s references before and after the tuning."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import tool_modules
 
 
@@ -64,3 +65,26 @@ def test_the_tool_measures_the_ortfuse_of_its_own_checkout(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tool_modules.TOOLS.parent)
+
+
+
+def test_alone_judges_against_the_references_before_and_after_pooled_and_shows_each():
+    """``--alone``: auto's requests while tuning over the mean of both stock sessions' p50 (p99) before
+    the auto session existed and after it tuned, whichever served more, and over each apart; the A/A
+    is stock_aa over stock, pooled. Without ``apart`` the references are pooled."""
+    tool = tool_modules.load("auto_bench")
+    lat = {"auto_recording": [9.0, 9.0], "auto_tuning": [1.1] * 98,
+           "stock_reference_before": [1.2] * 50, "stock_aa_reference_before": [1.2] * 50,
+           "stock_reference": [1.0] * 60, "stock_aa_reference": [1.0] * 60,
+           "stock_tuning": [5.0] * 10}  # not a reference of --alone
+    ratios = tool.tuning_ratios(lat, tool.REFERENCES, tool.REFERENCES)
+    assert ratios["p50_vs_reference_before"] == pytest.approx(1.1 / 1.2, abs=1e-3)
+    assert ratios["p50_vs_reference"] == pytest.approx(1.1, abs=1e-3)
+    assert ratios["p50"] == pytest.approx(1.1 / 1.1, abs=1e-3)  # the mean of 1.2 and 1.0 ms, not 1.0 (pooled)
+    assert ratios["p50_aa"] == 1.0
+    assert ratios["p99"] == pytest.approx(9.0 / 1.1, abs=1e-3)  # auto's slowest, its first cold runs
+    pooled = tool.tuning_ratios(lat, tool.REFERENCES)
+    assert pooled["p50"] == pytest.approx(1.1, abs=1e-3)  # 120 of the 220 requests at 1.0 ms
+    interleaved = tool.tuning_ratios(lat, tool.DURING)
+    assert interleaved["p50"] == pytest.approx(1.1 / 5.0, abs=1e-3) and "p50_vs_reference" not in interleaved
+    assert tool.tuning_ratios({"auto_tuning": [1.0]}, tool.REFERENCES)["p50"] is None

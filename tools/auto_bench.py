@@ -44,8 +44,12 @@ Phases:
    requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and records what it
    returned and when; each request is labelled by auto's state when it arrived (``recording``,
    ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone.
-   ``--alone``: no stock blocks while auto tunes (a serving loop of auto alone); once it has tuned,
-   stock and the A/A stock session are served the same way, as many requests (``reference``);
+   ``--alone``: no stock blocks while auto tunes (a serving loop of auto alone); stock and the A/A
+   stock session are served the same way for ``--reference-before`` seconds before the auto session
+   is created (``reference_before``) and, once it has tuned, as many requests as auto's
+   (``reference``): the verdicts take the mean of the two references' p50 (p99), and each is
+   reported apart (``p50_vs_reference_before``, ``p50_vs_reference``), since the machine drifts
+   between the minutes before the tuning, of it and after it (``tuning_ratios``);
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
@@ -63,7 +67,8 @@ larger of the stock A/A's and the fused A/A's largest deviation from 1: auto ser
 fusion=True makes, in another session, and two sessions of one fused plan differ by more than two
 stock ones); ``p99_tuning`` and ``p50_tuning``: the p99 (p50) of auto's requests served while it
 recorded and tuned <= 1.25 (1.05) x that of the stock blocks' requests served in the same span (both
-stock sessions pooled: as many requests as auto's; with ``--alone``, the reference requests), each
+stock sessions pooled: as many requests as auto's; with ``--alone``, the mean of the references'
+before and after), each
 printed beside its A/A ratio (second stock session over the first, each on half as many requests: a
 wider noise floor than the figure's). ``--passes N`` repeats the whole run
 in N fresh processes; the verdicts are then judged on the medians over passes, each pass's ratio
@@ -92,6 +97,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tool measures the ortfuse of its own checkout, put first on the path (before any PYTHONPATH)
@@ -104,6 +110,7 @@ AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
 P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
 DURING = ("recording", "tuning")  # auto's states before its final plan
+REFERENCES = ("reference_before", "reference")  # --alone: stock served before auto exists and after it tuned
 SPIN_BLOCK = 20  # --spinning on: runs per block of the interleaved phase (after ortfuse bench's settle)
 
 
@@ -208,11 +215,10 @@ def child(name: str, args) -> dict:
     # every served session is served from its creation: its first, cold runs count as auto's do
     stock = ort.InferenceSession(path, options(), providers=cpu)
     stock_aa = ort.InferenceSession(path, options(), providers=cpu)
-    t0 = time.perf_counter()
-    auto = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
-    created_s = time.perf_counter() - t0
-    live = getattr(auto, "_ortfuse_live", None)  # the live tuning: a stock block holds it, as a served run does
-    statuses = [auto.fusion_status]
+    served_sessions = {"stock": stock, "stock_aa": stock_aa}  # and auto, once created
+    auto: Any = None
+    live: Any = None  # the live tuning: a stock block holds it, as a served run does
+    statuses: list[str] = []
     stop = threading.Event()
     count = [0]
     reached = threading.Event()
@@ -226,7 +232,7 @@ def child(name: str, args) -> dict:
         return phase(status)
 
     def serve_block(block: str, label: str = "") -> None:
-        session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
+        session = served_sessions[block]
         held = live.served if live is not None and block != "auto" and not label else None
         if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
             held.begin()
@@ -265,9 +271,20 @@ def child(name: str, args) -> dict:
             for cycle in range(max(2, -(-during // args.block))):
                 serve_block(("stock", "stock_aa")[cycle % 2], "reference")
 
-    server = threading.Thread(target=serve, name="served-traffic", daemon=True)
     started = time.perf_counter()
     next_arrival = [started]
+    if args.alone:  # the reference before auto exists too: the minutes before and after the tuning pooled
+        cycle, before_end = 0, started + args.reference_before
+        while cycle < 2 or time.perf_counter() < before_end:
+            serve_block(("stock", "stock_aa")[cycle % 2], "reference_before")
+            cycle += 1
+    t0 = time.perf_counter()
+    auto = served_sessions["auto"] = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
+    created_s = time.perf_counter() - t0
+    live = getattr(auto, "_ortfuse_live", None)
+    statuses.append(auto.fusion_status)
+    server = threading.Thread(target=serve, name="served-traffic", daemon=True)
+    next_arrival[0] = time.perf_counter()  # the first request arrives as the session is ready
     server.start()
     reached.wait()
     waited_from = time.perf_counter()
@@ -296,16 +313,11 @@ def child(name: str, args) -> dict:
     noise = max(max(abs(x - 1) for x in ratios["stock_aa"]), 0.0)
     fused_noise = max(abs(a / f - 1) for a, f in zip(ratios["fusion_true_aa"], ratios["fusion_true"]))
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
-    # served while auto records and tunes, against stock served in the same minutes (blocks) or right after (alone)
-    states = ("reference",) if args.alone else DURING
-    during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
-    first = [x for s in states for x in lat.get(f"stock_{s}", [])]
-    second = [x for s in states for x in lat.get(f"stock_aa_{s}", [])]
-    during_ratios = {}
-    for q in (0.5, 0.99):
-        mine, ref, a, b = _pct(during, q), _pct(first + second, q), _pct(second, q), _pct(first, q)
-        during_ratios[f"p{round(q * 100)}"] = round(mine / ref, 3) if mine and ref else None
-        during_ratios[f"p{round(q * 100)}_aa"] = round(a / b, 3) if a and b else None
+    # served while auto records and tunes, against stock served in the same minutes (blocks), or before
+    # and right after (alone: both pooled, and each apart, so that the machine's drift shows)
+    states = REFERENCES if args.alone else DURING
+    during_ratios = tuning_ratios(lat, states, REFERENCES if args.alone else ())
+    stock_p50_ms = _pct([x for s in states for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
     p99_ratio, aa_p99_ratio = during_ratios["p99"], during_ratios["p99_aa"]
     verdicts: dict[str, bool | None] = {
         "tuned": tuned,
@@ -326,7 +338,7 @@ def child(name: str, args) -> dict:
         "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
         "time_to_plan": auto.time_to_plan,
         "tuning_timeline": timeline,
-        "slow_by_step": slow_by_step(trace, timeline, _pct(first + second, 0.5)),
+        "slow_by_step": slow_by_step(trace, timeline, stock_p50_ms),
         "by_gap": by_gap(trace),
         "summary": {k: _summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
@@ -352,6 +364,29 @@ def gap_state(served) -> str:
     if served is None or served.child is None:
         return "none"
     return "stopped" if served.held or served.inflight else "running"
+
+
+def tuning_ratios(lat: dict[str, list[float]], references: tuple[str, ...], apart: tuple[str, ...] = ()) -> dict:
+    """p50 and p99 of auto's requests while it recorded and tuned (``lat["auto_<state>"]``, ms) over
+    those of both stock sessions served in the states ``references`` (``p50``, ``p99``): pooled, or
+    with ``apart`` (the references before and after the tuning) over the mean of each state's own,
+    so that a drift of the machine between them weighs the same whichever served more requests; over
+    each state of ``apart`` alone (``p50_vs_<state>``, ``p99_vs_<state>``); and the A/A control,
+    stock_aa's over stock's, pooled (``p50_aa``, ``p99_aa``). None where a side has no request."""
+    during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
+    first = [x for s in references for x in lat.get(f"stock_{s}", [])]
+    second = [x for s in references for x in lat.get(f"stock_aa_{s}", [])]
+    ratios: dict[str, float | None] = {}
+    for q in (0.5, 0.99):
+        key = f"p{round(q * 100)}"
+        mine, a, b = _pct(during, q), _pct(second, q), _pct(first, q)
+        each = [_pct(lat.get(f"stock_{state}", []) + lat.get(f"stock_aa_{state}", []), q) for state in apart]
+        for state, ref in zip(apart, each):
+            ratios[f"{key}_vs_{state}"] = round(mine / ref, 3) if mine and ref else None
+        ref = (statistics.fmean(each) if all(each) else None) if apart else _pct(first + second, q)
+        ratios[key] = round(mine / ref, 3) if mine and ref else None
+        ratios[f"{key}_aa"] = round(a / b, 3) if a and b else None
+    return ratios
 
 
 def by_gap(trace: list) -> dict:
@@ -437,6 +472,8 @@ def _line(r: dict) -> str:
     v, q, s, d = r["verdicts"], r["ratios"], r["summary"], r["during_tuning"]
     ref = "reference" if r.get("alone") else "tuning"
     tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", f"stock_{ref}", f"stock_aa_{ref}"))
+    apart = (f" (against the reference before {d.get('p50_vs_reference_before')}, after {d.get('p50_vs_reference')})"
+             if r.get("alone") else "")
     n_during = sum(s.get(f"auto_{k}", {}).get("n", 0) for k in DURING)
     return (f"{r['model']}: created {r['created_s']:.2f} s; gap {r['gap_ms']:.1f} ms; wait_tuned({r['waited_s']:.0f} s "
             f"after {r['served_before_wait']} served) -> {r['wait_tuned']}; final: {r['statuses'][-1]}\n"
@@ -444,11 +481,11 @@ def _line(r: dict) -> str:
             f"  p50 / stock: auto {q['auto']:.3f}, fusion=True {q['fusion_true']:.3f} (second session "
             f"{q.get('fusion_true_aa', 0):.3f}), A/A {q['stock_aa']:.3f} "
             f"(repeats {r['ratios_per_repeat']['stock_aa']})\n"
-            f"  served while recording and tuning{' (alone; stock served right after)' if r.get('alone') else ''}: "
+            f"  served while recording and tuning{' (alone; stock before and after)' if r.get('alone') else ''}: "
             f"auto n={n_during} (tuning {tuning.get('n', 0)}, p99 {tuning.get('p99_ms') or 0:.2f} ms); stock "
             f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
             f"{aa.get('p99_ms') or 0:.2f} ms; "
-            f"auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
+            f"auto / stock p50 {d['p50']}{apart} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
             f"  while tuning, by the tuning process in the gap before (p50 ms; serving thread's wake-up p50 ms): "
             + (", ".join(f"{k} n={g['n']} {g['p50_ms']:.3f} (wake {g['wake_p50_ms']:.3f})"
                          for k, g in r.get("by_gap", {}).items()) or "none") + "\n"
@@ -529,7 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=8, help="served requests per block (auto, stock, auto, stock A/A...)")
     ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
     ap.add_argument("--alone", action="store_true",
-                    help="serve auto alone while it tunes (no stock blocks); stock served the same way right after")
+                    help="serve auto alone while it tunes (no stock blocks); stock served so before and after")
+    ap.add_argument("--reference-before", type=float, default=10.0,
+                    help="with --alone, seconds of stock served before the auto session is created (at least 2 blocks)")
     ap.add_argument("--runs", type=int, default=20, help="interleaved passes per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
