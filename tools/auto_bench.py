@@ -105,25 +105,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # prints which one ran)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from served_requests import (  # noqa: E402
+    DURING,
+    REFERENCES,
+    SLOW,
+    by_gap,
+    gap_state,
+    latency_summary,
+    percentile,
+    phase,
+    slow_by_step,
+    tuning_ratios,
+)
 
 AUTO_LIMIT = 1.02  # auto's p50 / stock's, beside the A/A control
 P99_LIMIT = 1.25  # served p99 while tuning / stock's p99 with the same gap
 P50_LIMIT = 1.05  # served p50 while tuning / stock's p50 with the same gap
-DURING = ("recording", "tuning")  # auto's states before its final plan
-REFERENCES = ("reference_before", "reference")  # --alone: stock served before auto exists and after it tuned
 SPIN_BLOCK = 20  # --spinning on: runs per block of the interleaved phase (after ortfuse bench's settle)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def _summary(values: list[float]) -> dict:
-    return {"n": len(values), "p50_ms": _pct(values, 0.5), "p99_ms": _pct(values, 0.99),
-            "max_ms": max(values) if values else None}
 
 
 def _gap_s(spec: str, stock_p50_ms: float) -> float:
@@ -317,7 +317,7 @@ def child(name: str, args) -> dict:
     # and right after (alone: both pooled, and each apart, so that the machine's drift shows)
     states = REFERENCES if args.alone else DURING
     during_ratios = tuning_ratios(lat, states, REFERENCES if args.alone else ())
-    stock_p50_ms = _pct([x for s in states for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
+    stock_p50_ms = percentile([x for s in states for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
     p99_ratio, aa_p99_ratio = during_ratios["p99"], during_ratios["p99_aa"]
     verdicts: dict[str, bool | None] = {
         "tuned": tuned,
@@ -340,7 +340,7 @@ def child(name: str, args) -> dict:
         "tuning_timeline": timeline,
         "slow_by_step": slow_by_step(trace, timeline, stock_p50_ms),
         "by_gap": by_gap(trace),
-        "summary": {k: _summary(v) for k, v in lat.items()},
+        "summary": {k: latency_summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
         "alone": args.alone,
         "p99_aa": round(aa_p99_ratio, 3) if aa_p99_ratio else None, "block": args.block,
@@ -352,80 +352,7 @@ def child(name: str, args) -> dict:
     }
 
 
-def phase(status: str) -> str:
-    """Auto's state by its ``fusion_status``: ``recording``, ``tuning`` (both ``DURING``) or ``after``."""
-    return ("recording" if status.startswith("serving stock ORT, recording") else
-            "tuning" if status.startswith("tuning") else "after")
-
-
-def gap_state(served) -> str:
-    """The tuning process in the gap a request arrives after: ``running`` (continued), ``stopped``
-    (kept stopped: ``ServedRuns.held``, or a stock block holds it) or ``none`` (no tuning process)."""
-    if served is None or served.child is None:
-        return "none"
-    return "stopped" if served.held or served.inflight else "running"
-
-
-def tuning_ratios(lat: dict[str, list[float]], references: tuple[str, ...], apart: tuple[str, ...] = ()) -> dict:
-    """p50 and p99 of auto's requests while it recorded and tuned (``lat["auto_<state>"]``, ms) over
-    those of both stock sessions served in the states ``references`` (``p50``, ``p99``): pooled, or
-    with ``apart`` (the references before and after the tuning) over the mean of each state's own,
-    so that a drift of the machine between them weighs the same whichever served more requests; over
-    each state of ``apart`` alone (``p50_vs_<state>``, ``p99_vs_<state>``); and the A/A control,
-    stock_aa's over stock's, pooled (``p50_aa``, ``p99_aa``). None where a side has no request."""
-    during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
-    first = [x for s in references for x in lat.get(f"stock_{s}", [])]
-    second = [x for s in references for x in lat.get(f"stock_aa_{s}", [])]
-    ratios: dict[str, float | None] = {}
-    for q in (0.5, 0.99):
-        key = f"p{round(q * 100)}"
-        mine, a, b = _pct(during, q), _pct(second, q), _pct(first, q)
-        each = [_pct(lat.get(f"stock_{state}", []) + lat.get(f"stock_aa_{state}", []), q) for state in apart]
-        for state, ref in zip(apart, each):
-            ratios[f"{key}_vs_{state}"] = round(mine / ref, 3) if mine and ref else None
-        ref = (statistics.fmean(each) if all(each) else None) if apart else _pct(first + second, q)
-        ratios[key] = round(mine / ref, 3) if mine and ref else None
-        ratios[f"{key}_aa"] = round(a / b, 3) if a and b else None
-    return ratios
-
-
-def by_gap(trace: list) -> dict:
-    """Requests served while auto recorded and tuned, by block and by the tuning process's state in
-    the gap before each (``gap_state``): how many, their p50 and the p50 of the serving thread's
-    wake-up (arrival to the start of the run: a late wake-up is part of a request's latency)."""
-    groups: dict[str, tuple[list[float], list[float]]] = {}
-    for _, block, state, ms, *rest in trace:
-        if state not in DURING or len(rest) < 2:
-            continue
-        process, wake = rest[:2]
-        ms_list, wakes = groups.setdefault(f"{block}_{process}" if block == "auto" else block, ([], []))
-        ms_list.append(ms)
-        wakes.append(wake)
-    return {k: {"n": len(v), "p50_ms": _pct(v, 0.5), "wake_p50_ms": _pct(w, 0.5)}
-            for k, (v, w) in sorted(groups.items())}
-
-
 # -------------------------------------------------------------------------------------------- parent
-
-
-SLOW = 1.5  # a served request over this many times stock's p50 while tuning counts as slow in slow_by_step
-
-
-def slow_by_step(trace: list, timeline: list, stock_p50_ms: float | None) -> list[dict]:
-    """Auto's requests served while it recorded and tuned, by the tuning step in effect when each
-    arrived (the last ``timeline`` event at or before it; "recording" before the first), with how
-    many took over ``SLOW`` x stock's p50: where the slow ones fall, on the same clock."""
-    rows: dict[str, dict] = {}
-    for arrival, block, state, ms, *_ in trace:
-        if block != "auto" or state not in DURING:
-            continue
-        step = next((event for event, t in reversed(timeline) if t <= arrival), "recording")
-        row = rows.setdefault(step, {"step": step, "served": 0, "slow": 0, "slow_ms": []})
-        row["served"] += 1
-        if stock_p50_ms and ms > SLOW * stock_p50_ms:
-            row["slow"] += 1
-            row["slow_ms"].append(ms)
-    return list(rows.values())
 
 
 def checkout() -> str:
