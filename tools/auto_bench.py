@@ -271,9 +271,9 @@ def child(name: str, args) -> dict:
             for cycle in range(max(2, -(-during // args.block))):
                 serve_block(("stock", "stock_aa")[cycle % 2], "reference")
 
-    started = time.perf_counter()
+    started = time.perf_counter()  # the clock of the trace and the timeline
     next_arrival = [started]
-    if args.alone:  # the reference before auto exists too: the minutes before and after the tuning pooled
+    if args.alone:  # the reference before auto exists too: drift between the minutes before and after shows
         cycle, before_end = 0, started + args.reference_before
         while cycle < 2 or time.perf_counter() < before_end:
             serve_block(("stock", "stock_aa")[cycle % 2], "reference_before")
@@ -284,12 +284,12 @@ def child(name: str, args) -> dict:
     live = getattr(auto, "_ortfuse_live", None)
     statuses.append(auto.fusion_status)
     server = threading.Thread(target=serve, name="served-traffic", daemon=True)
-    next_arrival[0] = time.perf_counter()  # the first request arrives as the session is ready
+    served_from = next_arrival[0] = time.perf_counter()  # the first request arrives as the session is ready
     server.start()
     reached.wait()
     waited_from = time.perf_counter()
     tuned = auto.wait_tuned(args.wait)
-    tuned_at_s = time.perf_counter() - started
+    tuned_at_s = time.perf_counter() - served_from
     waited_s = time.perf_counter() - waited_from
     stop.set()
     server.join(60)
@@ -314,7 +314,7 @@ def child(name: str, args) -> dict:
     fused_noise = max(abs(a / f - 1) for a, f in zip(ratios["fusion_true_aa"], ratios["fusion_true"]))
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
     # served while auto records and tunes, against stock served in the same minutes (blocks), or before
-    # and right after (alone: both pooled, and each apart, so that the machine's drift shows)
+    # and right after (alone: the mean of the two, and each apart, so that the machine's drift shows)
     states = REFERENCES if args.alone else DURING
     during_ratios = tuning_ratios(lat, states, REFERENCES if args.alone else ())
     stock_p50_ms = percentile([x for s in states for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
