@@ -68,23 +68,15 @@ def test_the_tool_measures_the_ortfuse_of_its_own_checkout(tmp_path):
 
 
 
-def test_alone_judges_against_the_references_before_and_after_pooled_and_shows_each():
-    """``--alone``: auto's requests while tuning over the mean of both stock sessions' p50 (p99) before
-    the auto session existed and after it tuned, whichever served more, and over each apart; the A/A
-    is stock_aa over stock, pooled. Without ``apart`` the references are pooled."""
+def test_tuning_ratios_pool_both_stock_sessions_served_in_the_same_span():
+    """Auto's requests while it recorded and tuned over both stock sessions' served in those states,
+    pooled (requests after the tuning left out); the A/A is stock_aa over stock."""
     tool = tool_modules.load("auto_bench")
-    lat = {"auto_recording": [9.0, 9.0], "auto_tuning": [1.1] * 98,
-           "stock_reference_before": [1.2] * 50, "stock_aa_reference_before": [1.2] * 50,
-           "stock_reference": [1.0] * 60, "stock_aa_reference": [1.0] * 60,
-           "stock_tuning": [5.0] * 10}  # not a reference of --alone
-    ratios = tool.tuning_ratios(lat, tool.REFERENCES, tool.REFERENCES)
-    assert ratios["p50_vs_reference_before"] == pytest.approx(1.1 / 1.2, abs=1e-3)
-    assert ratios["p50_vs_reference"] == pytest.approx(1.1, abs=1e-3)
-    assert ratios["p50"] == pytest.approx(1.1 / 1.1, abs=1e-3)  # the mean of 1.2 and 1.0 ms, not 1.0 (pooled)
-    assert ratios["p50_aa"] == 1.0
-    assert ratios["p99"] == pytest.approx(9.0 / 1.1, abs=1e-3)  # auto's slowest, its first cold runs
-    pooled = tool.tuning_ratios(lat, tool.REFERENCES)
-    assert pooled["p50"] == pytest.approx(1.1, abs=1e-3)  # 120 of the 220 requests at 1.0 ms
-    interleaved = tool.tuning_ratios(lat, tool.DURING)
-    assert interleaved["p50"] == pytest.approx(1.1 / 5.0, abs=1e-3) and "p50_vs_reference" not in interleaved
-    assert tool.tuning_ratios({"auto_tuning": [1.0]}, tool.REFERENCES)["p50"] is None
+    lat = {"auto_recording": [9.0, 9.0], "auto_tuning": [1.1] * 98, "auto_after": [0.5] * 100,
+           "stock_recording": [1.2] * 2, "stock_tuning": [1.0] * 60, "stock_aa_tuning": [1.2] * 50,
+           "stock_after": [9.0] * 300}
+    ratios = tool.tuning_ratios(lat)
+    assert ratios["p50"] == pytest.approx(1.1, abs=1e-3)  # 60 of the 112 stock requests at 1.0 ms
+    assert ratios["p50_aa"] == pytest.approx(1.2, abs=1e-3)
+    assert ratios["p99"] == pytest.approx(9.0 / 1.2, abs=1e-3)  # auto's slowest, its first cold runs
+    assert tool.tuning_ratios({"auto_tuning": [1.0]})["p50"] is None

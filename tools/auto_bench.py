@@ -6,7 +6,8 @@ Usage::
 
     python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all|public|tiny_ffn|MODEL.onnx]
                                [--dim NAME=N] [--threads 2] [--gap 2x] [--served 30] [--wait 300] [--block 8]
-                               [--passes 1] [--runs 20] [--repeats 3] [--alone] [--json benchmarks/results/]
+                               [--passes 1] [--runs 20] [--repeats 3] [--alone [--phase 1.0]]
+                               [--json benchmarks/results/]
 
 Models: zoo names (``all``: the zoo), the public models (``public``: real trained models,
 ``ortfuse.models.public``, at their natural shapes) and ``tiny_ffn``, built here (a seeded 3-layer
@@ -44,12 +45,12 @@ Phases:
    requests the main thread calls ``wait_tuned(--wait)`` while serving goes on, and records what it
    returned and when; each request is labelled by auto's state when it arrived (``recording``,
    ``tuning``, ``after``). The tuning gets about half the wall-clock time it would get alone.
-   ``--alone``: no stock blocks while auto tunes (a serving loop of auto alone); stock and the A/A
-   stock session are served the same way for ``--reference-before`` seconds before the auto session
-   is created (``reference_before``) and, once it has tuned, as many requests as auto's
-   (``reference``): the verdicts take the mean of the two references' p50 (p99), and each is
-   reported apart (``p50_vs_reference_before``, ``p50_vs_reference``), since the machine drifts
-   between the minutes before the tuning, of it and after it (``tuning_ratios``);
+   ``--alone``: blocks of ``--phase`` seconds instead (``--block`` requests at least): each auto
+   block is a serving loop of auto alone, through which the tuning process runs its bursts and
+   rests as on a server with nothing else to serve, and stock's blocks alternate with them as
+   above. Stock served only before or after the tuning cannot be its reference: a shared machine
+   drifts by more than the p50 target from one minute to the next, and blocks that alternate
+   through the tuning meet the same drift;
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
@@ -67,8 +68,7 @@ larger of the stock A/A's and the fused A/A's largest deviation from 1: auto ser
 fusion=True makes, in another session, and two sessions of one fused plan differ by more than two
 stock ones); ``p99_tuning`` and ``p50_tuning``: the p99 (p50) of auto's requests served while it
 recorded and tuned <= 1.25 (1.05) x that of the stock blocks' requests served in the same span (both
-stock sessions pooled: as many requests as auto's; with ``--alone``, the mean of the references'
-before and after), each
+stock sessions pooled: as many requests as auto's), each
 printed beside its A/A ratio (second stock session over the first, each on half as many requests: a
 wider noise floor than the figure's). ``--passes N`` repeats the whole run
 in N fresh processes; the verdicts are then judged on the medians over passes, each pass's ratio
@@ -109,7 +109,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from served_requests import (  # noqa: E402
     DURING,
-    REFERENCES,
     SLOW,
     by_gap,
     gap_state,
@@ -231,14 +230,16 @@ def child(name: str, args) -> dict:
             statuses.append(status)
         return phase(status)
 
-    def serve_block(block: str, label: str = "") -> None:
+    def serve_block(block: str, seconds: float = 0.0) -> None:
+        """``--block`` requests of ``block``, or more until ``seconds`` have passed (``--alone``)."""
         session = served_sessions[block]
-        held = live.served if live is not None and block != "auto" and not label else None
+        held = live.served if live is not None and block != "auto" else None
         if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
             held.begin()
         try:
-            for _ in range(args.block):
-                label = label or state()
+            until, served = time.perf_counter() + seconds, 0
+            while served < args.block or time.perf_counter() < until:
+                label = state()
                 arrival = next_arrival[0]  # the request arrived then: a late wake-up is part of its latency
                 time.sleep(max(0.0, arrival - time.perf_counter()))
                 woke = time.perf_counter()
@@ -250,34 +251,25 @@ def child(name: str, args) -> dict:
                 trace.append((round(arrival - started, 4), block, label, round(ms, 3), process,
                               round((woke - arrival) * 1e3, 4)))
                 count[0] += block == "auto"
+                served += 1
                 next_arrival[0] = end + gap
         finally:
             if held is not None:
                 held.end()
 
     def serve() -> None:
-        cycle = 0
+        cycle, seconds = 0, args.phase if args.alone else 0.0
         while not stop.is_set():
-            serve_block("auto")
-            if not args.alone:
-                serve_block(("stock", "stock_aa")[cycle % 2])
+            serve_block("auto", seconds)
+            serve_block(("stock", "stock_aa")[cycle % 2], seconds)
             cycle += 1
             if count[0] >= args.served:
                 reached.set()
                 if auto.wait_tuned(0) and count[0] >= args.served + args.after_served:
                     break
-        if args.alone:  # the reference: stock ORT served the same way, as many requests, right after
-            during = sum(len(lat.get(f"auto_{s}", [])) for s in DURING)
-            for cycle in range(max(2, -(-during // args.block))):
-                serve_block(("stock", "stock_aa")[cycle % 2], "reference")
 
     started = time.perf_counter()  # the clock of the trace and the timeline
     next_arrival = [started]
-    if args.alone:  # the reference before auto exists too: drift between the minutes before and after shows
-        cycle, before_end = 0, started + args.reference_before
-        while cycle < 2 or time.perf_counter() < before_end:
-            serve_block(("stock", "stock_aa")[cycle % 2], "reference_before")
-            cycle += 1
     t0 = time.perf_counter()
     auto = served_sessions["auto"] = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
     created_s = time.perf_counter() - t0
@@ -313,11 +305,9 @@ def child(name: str, args) -> dict:
     noise = max(max(abs(x - 1) for x in ratios["stock_aa"]), 0.0)
     fused_noise = max(abs(a / f - 1) for a, f in zip(ratios["fusion_true_aa"], ratios["fusion_true"]))
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
-    # served while auto records and tunes, against stock served in the same minutes (blocks), or before
-    # and right after (alone: the mean of the two, and each apart, so that the machine's drift shows)
-    states = REFERENCES if args.alone else DURING
-    during_ratios = tuning_ratios(lat, states, REFERENCES if args.alone else ())
-    stock_p50_ms = percentile([x for s in states for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
+    # served while auto records and tunes, against stock served in the same minutes (blocks or phases)
+    during_ratios = tuning_ratios(lat)
+    stock_p50_ms = percentile([x for s in DURING for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
     p99_ratio, aa_p99_ratio = during_ratios["p99"], during_ratios["p99_aa"]
     verdicts: dict[str, bool | None] = {
         "tuned": tuned,
@@ -342,7 +332,7 @@ def child(name: str, args) -> dict:
         "by_gap": by_gap(trace),
         "summary": {k: latency_summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,
-        "alone": args.alone,
+        "alone": args.alone, "phase_s": args.phase if args.alone else None,
         "p99_aa": round(aa_p99_ratio, 3) if aa_p99_ratio else None, "block": args.block,
         "ratios_per_repeat": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
         "ratios": {k: round(v, 4) for k, v in med.items()}, "aa_noise": round(noise, 4),
@@ -397,10 +387,8 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']}: FAILED\n{r['error']}"
     v, q, s, d = r["verdicts"], r["ratios"], r["summary"], r["during_tuning"]
-    ref = "reference" if r.get("alone") else "tuning"
-    tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", f"stock_{ref}", f"stock_aa_{ref}"))
-    apart = (f" (against the reference before {d.get('p50_vs_reference_before')}, after {d.get('p50_vs_reference')})"
-             if r.get("alone") else "")
+    tuning, stock, aa = (s.get(k, {}) for k in ("auto_tuning", "stock_tuning", "stock_aa_tuning"))
+    alone = f" (alone, phases of {r.get('phase_s')} s)" if r.get("alone") else ""
     n_during = sum(s.get(f"auto_{k}", {}).get("n", 0) for k in DURING)
     return (f"{r['model']}: created {r['created_s']:.2f} s; gap {r['gap_ms']:.1f} ms; wait_tuned({r['waited_s']:.0f} s "
             f"after {r['served_before_wait']} served) -> {r['wait_tuned']}; final: {r['statuses'][-1]}\n"
@@ -408,11 +396,11 @@ def _line(r: dict) -> str:
             f"  p50 / stock: auto {q['auto']:.3f}, fusion=True {q['fusion_true']:.3f} (second session "
             f"{q.get('fusion_true_aa', 0):.3f}), A/A {q['stock_aa']:.3f} "
             f"(repeats {r['ratios_per_repeat']['stock_aa']})\n"
-            f"  served while recording and tuning{' (alone; stock before and after)' if r.get('alone') else ''}: "
+            f"  served while recording and tuning{alone}: "
             f"auto n={n_during} (tuning {tuning.get('n', 0)}, p99 {tuning.get('p99_ms') or 0:.2f} ms); stock "
             f"n={stock.get('n', 0)}+{aa.get('n', 0)} p99 {stock.get('p99_ms') or 0:.2f} / "
             f"{aa.get('p99_ms') or 0:.2f} ms; "
-            f"auto / stock p50 {d['p50']}{apart} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
+            f"auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
             f"  while tuning, by the tuning process in the gap before (p50 ms; serving thread's wake-up p50 ms): "
             + (", ".join(f"{k} n={g['n']} {g['p50_ms']:.3f} (wake {g['wake_p50_ms']:.3f})"
                          for k, g in r.get("by_gap", {}).items()) or "none") + "\n"
@@ -493,9 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=8, help="served requests per block (auto, stock, auto, stock A/A...)")
     ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
     ap.add_argument("--alone", action="store_true",
-                    help="serve auto alone while it tunes (no stock blocks); stock served so before and after")
-    ap.add_argument("--reference-before", type=float, default=10.0,
-                    help="with --alone, seconds of stock served before the auto session is created (at least 2 blocks)")
+                    help="blocks of --phase seconds: auto served alone through each, stock in the next")
+    ap.add_argument("--phase", type=float, default=1.0,
+                    help="with --alone, seconds per block (--block requests at least)")
     ap.add_argument("--runs", type=int, default=20, help="interleaved passes per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")

@@ -4,10 +4,7 @@ and summaries read (auto's requests against stock's, by the gap before them, by 
 
 from __future__ import annotations
 
-import statistics
-
 DURING = ("recording", "tuning")  # auto's states before its final plan
-REFERENCES = ("reference_before", "reference")  # --alone: stock served before auto exists and after it tuned
 SLOW = 1.5  # a served request over this many times stock's p50 while tuning counts as slow in slow_by_step
 
 
@@ -39,24 +36,18 @@ def gap_state(served) -> str:
     return "stopped" if served.held or served.inflight else "running"
 
 
-def tuning_ratios(lat: dict[str, list[float]], references: tuple[str, ...], apart: tuple[str, ...] = ()) -> dict:
+def tuning_ratios(lat: dict[str, list[float]]) -> dict:
     """p50 and p99 of auto's requests while it recorded and tuned (``lat["auto_<state>"]``, ms) over
-    those of both stock sessions served in the states ``references`` (``p50``, ``p99``): pooled, or
-    with ``apart`` (the references before and after the tuning) over the mean of each state's own,
-    so that a drift of the machine between them weighs the same whichever served more requests; over
-    each state of ``apart`` alone (``p50_vs_<state>``, ``p99_vs_<state>``); and the A/A control,
-    stock_aa's over stock's, pooled (``p50_aa``, ``p99_aa``). None where a side has no request."""
+    those of both stock sessions' requests served in the same span, pooled (``p50``, ``p99``); and the
+    A/A control, stock_aa's over stock's (``p50_aa``, ``p99_aa``). None where a side has no request."""
     during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
-    first = [x for s in references for x in lat.get(f"stock_{s}", [])]
-    second = [x for s in references for x in lat.get(f"stock_aa_{s}", [])]
+    first = [x for s in DURING for x in lat.get(f"stock_{s}", [])]
+    second = [x for s in DURING for x in lat.get(f"stock_aa_{s}", [])]
     ratios: dict[str, float | None] = {}
     for q in (0.5, 0.99):
         key = f"p{round(q * 100)}"
-        mine, a, b = percentile(during, q), percentile(second, q), percentile(first, q)
-        each = [percentile(lat.get(f"stock_{state}", []) + lat.get(f"stock_aa_{state}", []), q) for state in apart]
-        for state, ref in zip(apart, each):
-            ratios[f"{key}_vs_{state}"] = round(mine / ref, 3) if mine and ref else None
-        ref = (statistics.fmean(each) if all(each) else None) if apart else percentile(first + second, q)
+        mine, ref = percentile(during, q), percentile(first + second, q)
+        a, b = percentile(second, q), percentile(first, q)
         ratios[key] = round(mine / ref, 3) if mine and ref else None
         ratios[f"{key}_aa"] = round(a / b, 3) if a and b else None
     return ratios
