@@ -6,7 +6,7 @@ Usage::
 
     python tools/auto_bench.py --models db_text_detector[,yolov8n,...|all|public|tiny_ffn|MODEL.onnx]
                                [--dim NAME=N] [--threads 2] [--gap 2x] [--served 30] [--wait 300] [--block 8]
-                               [--passes 1] [--runs 20] [--repeats 3] [--alone [--phase 1.0]]
+                               [--passes 1] [--runs 20] [--repeats 3] [--alone [--phase 0.25]]
                                [--json benchmarks/results/]
 
 Models: zoo names (``all``: the zoo), the public models (``public``: real trained models,
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
     ap.add_argument("--alone", action="store_true",
                     help="blocks of --phase seconds: auto served alone through each, stock in the next")
-    ap.add_argument("--phase", type=float, default=1.0,
+    ap.add_argument("--phase", type=float, default=0.25,
                     help="with --alone, seconds per block (--block requests at least)")
     ap.add_argument("--runs", type=int, default=20, help="interleaved passes per repeat")
     ap.add_argument("--repeats", type=int, default=3)
