@@ -361,15 +361,21 @@ def child_answered(args, child: Callable[[str, argparse.Namespace], dict]) -> bo
     return True
 
 
-def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
-    """``script --child name`` (this tool's, or another's that serves the same way) in a fresh process
-    with a new empty ``ORTFUSE_CACHE_DIR``, the machine's ops library and numba cache; its RESULT line."""
+def machine_caches() -> dict[str, str]:
+    """The machine's numba cache and ops library as the environment names them (these variables as
+    set, else the ones under the current cache): a run with a new empty ``ORTFUSE_CACHE_DIR`` still
+    finds the kernels compiled before, as on a machine where ortfuse ran before."""
     from ortfuse.custom_ops.aot.library import library_path
     from ortfuse.foundation.cache_paths import NUMBA, cache_dir
 
-    env = {**os.environ, "ORTFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="ortfuse-auto-bench-")}
-    env.setdefault("NUMBA_CACHE_DIR", str(cache_dir(NUMBA)))
-    env.setdefault("ORTFUSE_OPS_LIBRARY", str(library_path()))
+    found = {"NUMBA_CACHE_DIR": str(cache_dir(NUMBA)), "ORTFUSE_OPS_LIBRARY": str(library_path())}
+    return {k: os.environ.get(k, v) for k, v in found.items()}
+
+
+def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
+    """``script --child name`` (this tool's, or another's that serves the same way) in a fresh process
+    with a new empty ``ORTFUSE_CACHE_DIR``, the machine's ops library and numba cache; its RESULT line."""
+    env = {**os.environ, **machine_caches(), "ORTFUSE_CACHE_DIR": tempfile.mkdtemp(prefix="ortfuse-auto-bench-")}
     env.pop("ORTFUSE_TUNE", None)
     argv = [sys.executable, script, "--child", name, *sys.argv[1:]]
     timeout_s = args.wait + 900 if timeout_s is None else timeout_s

@@ -119,12 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny_ffn (built here), or a model tools/auto_bench.py takes (a public model's name...)")
     parser.add_argument("--json", default=None, metavar="DIR")
     args = parser.parse_args(argv)
-    from auto_bench import TINY, label, model_and_feeds, tiny_ffn
+    from auto_bench import TINY, label, machine_caches, model_and_feeds, tiny_ffn
 
     from ortfuse.bench.environment import environment
 
     with tempfile.TemporaryDirectory(prefix="ortfuse-wrapper-cost-") as folder:
-        os.environ.setdefault("ORTFUSE_CACHE_DIR", os.path.join(folder, "cache"))  # nothing known: auto tunes
+        # nothing known, auto tunes; the kernels compiled on this machine before are found (auto_bench)
+        os.environ.update(machine_caches())
+        os.environ.setdefault("ORTFUSE_CACHE_DIR", os.path.join(folder, "cache"))
         if args.model == TINY:
             path = tiny_ffn(folder)
             import onnxruntime as ort
