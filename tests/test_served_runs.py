@@ -126,29 +126,20 @@ def test_runs_slowed_after_the_gaps_the_process_ran_in_spread_it_over_more_gaps(
         assert list(served._after_ran) == pytest.approx([short * slowdown] * len(served._after_ran))
 
 
-def _graded() -> tuple[int, float]:
-    """A spread between ``SPREAD_COSTLY`` and ``SPREAD_MAX``, and the slowdown that chooses it."""
-    spread = (served_runs.SPREAD_COSTLY + served_runs.SPREAD_MAX + 1) // 2
-    assert served_runs.SPREAD_COSTLY < spread <= served_runs.SPREAD_MAX
-    return spread, (spread - 0.5) * served_runs.COST_SHARE
-
-
-def test_a_spread_never_shrinks_once_chosen(monkeypatch):
-    """Runs slowed after the process's gaps choose a spread over ``SPREAD_COSTLY`` (``_graded``); later
-    runs as fast after either gap do not bring a smaller one back (a rule at its line would alternate
-    them), and the rests stay as long."""
+def test_the_costly_spread_stays_once_chosen(monkeypatch):
+    """Runs slowed after the process's gaps choose ``SPREAD_COSTLY``; later runs as fast after either
+    gap do not bring ``SPREAD`` back (a rule at its line would alternate them)."""
     served, signals, clock, _ = _served(monkeypatch)
     short = served_runs.SHORT_RUN_S / 10
-    spread, slowdown = _graded()
-    while served.spread != spread and served._short_gaps < 40 * served_runs.SIGNAL_SAMPLES:
-        _run(served, clock, short * (1 + slowdown) if served._gap_ran else short)
-    assert served.spread == spread
+    while served.spread != served_runs.SPREAD_COSTLY and served._short_gaps < 20 * served_runs.SIGNAL_SAMPLES:
+        _run(served, clock, short * (1 + 2 * served_runs.RAN_GAP_SLOWDOWN) if served._gap_ran else short)
+    assert served.spread == served_runs.SPREAD_COSTLY
     while len(served._after_ran) < served_runs.RAN_GAP_SAMPLES or any(run > 1.001 * short for run in served._after_ran):
         _run(served, clock, short)  # every sample of the slowed side replaced
     assert served_runs.spread_for(served._signal_s, served._short_s, served._after_ran,
                                   served._after_held) == served_runs.SPREAD
-    assert served.spread == spread
-    assert _next_rest(served, clock, short) == (spread - 1) * served_runs.BURST
+    assert served.spread == served_runs.SPREAD_COSTLY
+    assert _next_rest(served, clock, short) == (served_runs.SPREAD_COSTLY - 1) * served_runs.BURST
 
 
 def test_a_gap_resumed_as_idle_counts_on_neither_side(monkeypatch):
@@ -177,16 +168,6 @@ def test_the_spread_rule_compares_medians():
     assert served_runs.spread_for([], [], [1.0] * 5, []) == served_runs.SPREAD  # no held gap measured yet
     too_few = served_runs.RAN_GAP_MIN - 1
     assert served_runs.spread_for([], [], [1.0] * 5, [1e-3] * too_few) == served_runs.SPREAD
-    # a larger slowdown, a larger spread: slowdown / spread within COST_SHARE, up to SPREAD_MAX
-    spread, graded = _graded()
-    assert served_runs.spread_for([], [], [1e-3 * (1 + graded)] * 5, [1e-3] * 5) == spread
-    assert graded / spread <= served_runs.COST_SHARE < graded / (spread - 1)
-    assert served_runs.spread_for([], [], [2e-3] * 5, [1e-3] * 5) == served_runs.SPREAD_MAX
-    # a costly signal and runs slowed a little after the process's gaps: the larger of the two rules
-    costly_signal = [2 * share * 1e-3] * 5
-    assert served_runs.spread_for(costly_signal, [1e-3] * 5, [1e-3 * (1 + 2 * slowdown)] * 5,
-                                  [1e-3] * 5) == served_runs.SPREAD_COSTLY
-    assert served_runs.spread_for(costly_signal, [1e-3] * 5, [1e-3 * (1 + graded)] * 5, [1e-3] * 5) == spread
 
 
 def test_after_a_long_run_the_process_runs_at_once(monkeypatch):

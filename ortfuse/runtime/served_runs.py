@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import os
 import signal
 import statistics
@@ -61,17 +60,13 @@ RELEASE_WAIT_S = 60.0  # how long the tuning thread waits for idleness to releas
 # default spinning a served session's pool thread keeps the other core through the gap, so the process
 # runs on the serving thread's. Where the short runs after gaps it ran in take more than
 # 1 + RAN_GAP_SLOWDOWN times those after gaps it was held in (medians of the last RAN_GAP_SAMPLES of
-# each), SPREAD_COSTLY or more: at SPREAD those runs are a third of the requests, and their slowdown
-# moves the p50 by about a third of it. The spread then keeps the share of requests that carry the
-# slowdown times that slowdown within COST_SHARE (at most SPREAD_MAX, which bounds how long the tuning
-# takes): how much the run after a gap the process ran in slows differs by machine, and SPREAD_COSTLY
-# alone let it move the p50 of a serving loop past its target (python tools/auto_bench.py --models
-# silero_vad_16k_op15 --alone: p50 while tuning, and by_gap's requests after gaps it ran and was held
-# in). Without spinning they come out faster, not slower: the process's work kept the cores from
-# sleeping (python tools/auto_bench.py --models ppocr_mobile_v2_cls, with and without --spinning on:
-# the requests after a short one, grouped by the gap before them). A spread never shrinks once chosen:
-# the cost is the machine's and the model's, and a comparison of medians near a line would otherwise
-# alternate two spreads (the same command: the share of requests after a gap the process ran in)
+# each), SPREAD_COSTLY too: at SPREAD those runs are a third of the requests, and their slowdown moves
+# the p50 by about a third of it. Without spinning they come out faster, not slower: the process's work
+# kept the cores from sleeping (python tools/auto_bench.py --models ppocr_mobile_v2_cls, with and
+# without --spinning on: the requests after a short one, grouped by the gap before them). SPREAD_COSTLY
+# stays once chosen: the cost is the machine's and the model's, and a comparison of medians near its
+# line would otherwise alternate the two spreads (the same command: the share of requests after a gap
+# the process ran in)
 # The continue signal wakes the stopped process's threads, several times the stop's cost; after a short
 # run a thread of its own sends it, in the gap the serving thread waits in rather than in the request
 # (python tools/served_path.py --models silero_vad_16k_op15: the requests that carry CONT or CONT?).
@@ -85,8 +80,6 @@ SHORT_RUN_S = 0.005
 BURST = 8
 SPREAD = 3
 SPREAD_COSTLY = 6
-SPREAD_MAX = 12
-COST_SHARE = 0.02
 SIGNAL_SHARE = 0.05
 SIGNAL_SAMPLES = 16
 RAN_GAP_SLOWDOWN = 0.02
@@ -280,9 +273,8 @@ class ServedRuns:
             self._short_s.append(run_s)
             if self._gap_ran is not None:  # the gap before this run
                 (self._after_ran if self._gap_ran else self._after_held).append(run_s)
-            if self._short_gaps % SIGNAL_SAMPLES == 0 and self.spread < SPREAD_MAX:
-                self.spread = max(self.spread, spread_for(self._signal_s, self._short_s, self._after_ran,
-                                                          self._after_held))
+            if self._short_gaps % SIGNAL_SAMPLES == 0 and self.spread != SPREAD_COSTLY:
+                self.spread = spread_for(self._signal_s, self._short_s, self._after_ran, self._after_held)
         if self._rest_left > 0 or self._rest_flight:
             self.held = True
         elif short and self._burst <= 0:
@@ -445,20 +437,16 @@ class _Continuer:
 def spread_for(signal_s: Iterable[float], short_s: Iterable[float], after_ran: Iterable[float] = (),
                after_held: Iterable[float] = ()) -> int:
     """``SPREAD_COSTLY`` when the median signal sent from the serving path takes more than
-    ``SIGNAL_SHARE`` of the median short served run; when the median short run after a gap the process
-    ran in takes ``1 + x`` times the median one after a gap it was held in, with ``x`` over
-    ``RAN_GAP_SLOWDOWN`` (each side ``RAN_GAP_MIN`` samples or more), the spread whose share of such
-    runs, ``1 / spread``, costs ``x / spread <= COST_SHARE``: ``ceil(x / COST_SHARE)``, at least
-    ``SPREAD_COSTLY`` and at most ``SPREAD_MAX``; else ``SPREAD`` (also for a comparison with too few)."""
+    ``SIGNAL_SHARE`` of the median short served run, or the median short run after a gap the process
+    ran in more than ``1 + RAN_GAP_SLOWDOWN`` times the median one after a gap it was held in (each
+    side ``RAN_GAP_MIN`` samples or more); else ``SPREAD`` (also for a comparison with too few)."""
     signals, runs, ran, held = list(signal_s), list(short_s), list(after_ran), list(after_held)
-    spread = SPREAD
     if signals and runs and statistics.median_high(signals) > SIGNAL_SHARE * statistics.median_high(runs):
-        spread = SPREAD_COSTLY
-    if min(len(ran), len(held)) >= RAN_GAP_MIN:
-        slowdown = statistics.median_high(ran) / statistics.median_high(held) - 1
-        if slowdown > RAN_GAP_SLOWDOWN:
-            spread = max(spread, SPREAD_COSTLY, min(SPREAD_MAX, math.ceil(slowdown / COST_SHARE)))
-    return spread
+        return SPREAD_COSTLY
+    if min(len(ran), len(held)) >= RAN_GAP_MIN \
+            and statistics.median_high(ran) > (1 + RAN_GAP_SLOWDOWN) * statistics.median_high(held):
+        return SPREAD_COSTLY
+    return SPREAD
 
 
 def bound_elsewhere(session, iobinding):
