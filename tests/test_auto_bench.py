@@ -1,6 +1,6 @@
 """tools/auto_bench.py: the served requests while tuning, counted by the tuning step in effect when
 each arrived (``slow_by_step``), on a stated trace (no timing asserted); and the checkout whose
-ortfuse the tool measures; ``--alone``'s references before and after the tuning."""
+ortfuse the tool measures; auto's served requests while it tuned against stock's (``tuning_ratios``)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,6 @@ def test_the_tool_measures_the_ortfuse_of_its_own_checkout(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tool_modules.TOOLS.parent)
-
 
 
 def test_tuning_ratios_pool_both_stock_sessions_served_in_the_same_span():

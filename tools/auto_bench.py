@@ -97,7 +97,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tool measures the ortfuse of its own checkout, put first on the path (before any PYTHONPATH)
@@ -214,10 +213,11 @@ def child(name: str, args) -> dict:
     # every served session is served from its creation: its first, cold runs count as auto's do
     stock = ort.InferenceSession(path, options(), providers=cpu)
     stock_aa = ort.InferenceSession(path, options(), providers=cpu)
-    served_sessions = {"stock": stock, "stock_aa": stock_aa}  # and auto, once created
-    auto: Any = None
-    live: Any = None  # the live tuning: a stock block holds it, as a served run does
-    statuses: list[str] = []
+    t0 = time.perf_counter()
+    auto = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
+    created_s = time.perf_counter() - t0
+    live = getattr(auto, "_ortfuse_live", None)  # the live tuning: a stock block holds it, as a served run does
+    statuses = [auto.fusion_status]
     stop = threading.Event()
     count = [0]
     reached = threading.Event()
@@ -232,7 +232,7 @@ def child(name: str, args) -> dict:
 
     def serve_block(block: str, seconds: float = 0.0) -> None:
         """``--block`` requests of ``block``, or more until ``seconds`` have passed (``--alone``)."""
-        session = served_sessions[block]
+        session = {"auto": auto, "stock": stock, "stock_aa": stock_aa}[block]
         held = live.served if live is not None and block != "auto" else None
         if held is not None:  # the stock blocks see no tuning work: the tuning waits as for a long served run
             held.begin()
@@ -268,20 +268,14 @@ def child(name: str, args) -> dict:
                 if auto.wait_tuned(0) and count[0] >= args.served + args.after_served:
                     break
 
-    started = time.perf_counter()  # the clock of the trace and the timeline
-    next_arrival = [started]
-    t0 = time.perf_counter()
-    auto = served_sessions["auto"] = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
-    created_s = time.perf_counter() - t0
-    live = getattr(auto, "_ortfuse_live", None)
-    statuses.append(auto.fusion_status)
     server = threading.Thread(target=serve, name="served-traffic", daemon=True)
-    served_from = next_arrival[0] = time.perf_counter()  # the first request arrives as the session is ready
+    started = time.perf_counter()  # the clock of the trace and the timeline: the first request arrives now
+    next_arrival = [started]
     server.start()
     reached.wait()
     waited_from = time.perf_counter()
     tuned = auto.wait_tuned(args.wait)
-    tuned_at_s = time.perf_counter() - served_from
+    tuned_at_s = time.perf_counter() - started
     waited_s = time.perf_counter() - waited_from
     stop.set()
     server.join(60)
