@@ -236,11 +236,13 @@ def test_readme_sections_equal_their_rendering_from_benchmarks_results():
     readme = (ROOT / "README.md").read_text()
     sections = list(tables.SECTION.finditer(readme))
     # the public-model suite's tables first (ORT's default spinning in blocks, then single runs with
-    # spinning off), the real MiniLM exports the same two ways, then the generated zoo's
-    assert [m.group("kind") for m in sections] == ["public", "public", "bench", "bench", "bench"]
-    protocols = [json.loads((tables.RESULTS / tables._files(m.group("args"))[0]).read_text())["protocol"]
-                 for m in sections[:2]]
-    assert [(p.get("block", 1) > 1, p["spinning"]) for p in protocols] == [(True, True), (False, False)]
+    # spinning off), on the Intel machine and then on the AMD one, the real MiniLM exports the same
+    # two ways on each, then the generated zoo's
+    assert [m.group("kind") for m in sections] == ["public"] * 4 + ["bench"] * 5
+    for pair in (sections[0:2], sections[2:4], sections[4:6], sections[6:8]):
+        protocols = [json.loads((tables.RESULTS / tables._files(m.group("args"))[0]).read_text())["protocol"]
+                     for m in pair]
+        assert [(p.get("block", 1) > 1, p["spinning"]) for p in protocols] == [(True, True), (False, False)]
     for m in sections:
         for name in tables._files(m.group("args")):
             assert (tables.RESULTS / name).is_file(), name
