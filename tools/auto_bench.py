@@ -366,6 +366,27 @@ def machine_caches() -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in found.items()}
 
 
+def serve_each(tool: str, args, script: str, line: Callable[[dict], str]) -> int:
+    """A serving tool's run (``tools/served_path.py``, ``tools/continue_paths.py``): ``script --child``
+    per model of ``args.models`` in a fresh process (``run_child``), each result printed by ``line``,
+    and saved as ``<tool>-<models>-<date>.json`` where ``--json`` says; 1 if any model failed."""
+    print(f"ortfuse from {checkout()}", flush=True)
+    names = [n for n in args.models.split(",") if n]
+    results = []
+    for name in names:
+        results.append(run_child(name, args, script=script, timeout_s=args.seconds + 600))
+        print(line(results[-1]), flush=True)
+    if args.json:
+        from ortfuse.bench.environment import environment
+        from ortfuse.bench.output import save_result
+
+        stem = f"{tool}-{'+'.join(map(label, names))}-{_dt.date.today().isoformat()}"
+        doc = {"tool": tool, "ortfuse_from": checkout(), "settings": vars(args), "results": results,
+               "environment": environment()}
+        print(f"wrote {save_result(doc, args.json, stem, compact=True)}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
 def run_child(name: str, args, script: str = __file__, timeout_s: float | None = None) -> dict:
     """``script --child name`` (this tool's, or another's that serves the same way) in a fresh process
     with a new empty ``ORTFUSE_CACHE_DIR``, the machine's ops library and numba cache; its RESULT line."""

@@ -22,7 +22,6 @@ duration.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import statistics
 import sys
 import threading
@@ -196,21 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if auto_bench.child_answered(args, child):
         return 0
-    print(f"ortfuse from {auto_bench.checkout()}", flush=True)
-    names = [n for n in args.models.split(",") if n]
-    results = []
-    for name in names:
-        results.append(auto_bench.run_child(name, args, script=__file__, timeout_s=args.seconds + 600))
-        print(line(results[-1]), flush=True)
-    if args.json:
-        from ortfuse.bench.environment import environment
-        from ortfuse.bench.output import save_result
-
-        stem = f"served_path-{'+'.join(map(auto_bench.label, names))}-{_dt.date.today().isoformat()}"
-        doc = {"tool": "served_path", "ortfuse_from": auto_bench.checkout(), "settings": vars(args),
-               "results": results, "environment": environment()}
-        print(f"wrote {save_result(doc, args.json, stem, compact=True)}")
-    return 0 if all("error" not in r for r in results) else 1
+    return auto_bench.serve_each("served_path", args, __file__, line)
 
 
 if __name__ == "__main__":
