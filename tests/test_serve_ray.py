@@ -178,8 +178,9 @@ class Client:
         if kind == "application/json":
             out = json.loads(data)["outputs"]["output"]
             got = np.array(out["data"], np.float32).reshape(out["shape"])
-        else:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        else:  # np.load reads each member's header with ast.literal_eval, which CPython 3.11 can fail in two
+            # threads at once (SystemError: AST constructor recursion depth mismatch): one answer at a time
+            with self.lock, np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 got = npz["output"]
         with self.lock:
             want = self.stock.run(None, {"input": x})[0]
