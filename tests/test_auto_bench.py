@@ -76,6 +76,7 @@ def test_tuning_ratios_pool_both_stock_sessions_served_in_the_same_span():
            "stock_after": [9.0] * 300}
     ratios = tool.tuning_ratios(lat)
     assert ratios["p50"] == pytest.approx(1.1, abs=1e-3)  # 60 of the 112 stock requests at 1.0 ms
+    assert ratios["stock_p50_ms"] == 1.0  # the pooled reference itself (slow_by_step's threshold)
     assert ratios["p50_aa"] == pytest.approx(1.2, abs=1e-3)
     assert ratios["p99"] == pytest.approx(9.0 / 1.2, abs=1e-3)  # auto's slowest, its first cold runs
     assert tool.tuning_ratios({"auto_tuning": [1.0]})["p50"] is None

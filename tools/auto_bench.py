@@ -112,7 +112,6 @@ from served_requests import (  # noqa: E402
     by_gap,
     gap_state,
     latency_summary,
-    percentile,
     phase,
     slow_by_step,
     tuning_ratios,
@@ -301,7 +300,6 @@ def child(name: str, args) -> dict:
     true_faster = max(ratios["fusion_true"]) < min(ratios["stock_aa"])
     # served while auto records and tunes, against stock served in the same minutes (blocks or phases)
     during_ratios = tuning_ratios(lat)
-    stock_p50_ms = percentile([x for s in DURING for k in ("stock", "stock_aa") for x in lat.get(f"{k}_{s}", [])], 0.5)
     p99_ratio, aa_p99_ratio = during_ratios["p99"], during_ratios["p99_aa"]
     verdicts: dict[str, bool | None] = {
         "tuned": tuned,
@@ -322,7 +320,7 @@ def child(name: str, args) -> dict:
         "fusion_true_notes": sessions["fusion_true"].fusion_report.notes,
         "time_to_plan": auto.time_to_plan,
         "tuning_timeline": timeline,
-        "slow_by_step": slow_by_step(trace, timeline, stock_p50_ms),
+        "slow_by_step": slow_by_step(trace, timeline, during_ratios["stock_p50_ms"]),
         "by_gap": by_gap(trace),
         "summary": {k: latency_summary(v) for k, v in lat.items()},
         "p99_tuning_over_stock": round(p99_ratio, 3) if p99_ratio else None, "during_tuning": during_ratios,

@@ -38,8 +38,9 @@ def gap_state(served) -> str:
 
 def tuning_ratios(lat: dict[str, list[float]]) -> dict:
     """p50 and p99 of auto's requests while it recorded and tuned (``lat["auto_<state>"]``, ms) over
-    those of both stock sessions' requests served in the same span, pooled (``p50``, ``p99``); and the
-    A/A control, stock_aa's over stock's (``p50_aa``, ``p99_aa``). None where a side has no request."""
+    those of both stock sessions' requests served in the same span, pooled (``p50``, ``p99``; that
+    pooled p50 itself, ms: ``stock_p50_ms``); and the A/A control, stock_aa's over stock's
+    (``p50_aa``, ``p99_aa``). None where a side has no request."""
     during = [x for s in DURING for x in lat.get(f"auto_{s}", [])]
     first = [x for s in DURING for x in lat.get(f"stock_{s}", [])]
     second = [x for s in DURING for x in lat.get(f"stock_aa_{s}", [])]
@@ -49,6 +50,8 @@ def tuning_ratios(lat: dict[str, list[float]]) -> dict:
         mine, ref = percentile(during, q), percentile(first + second, q)
         a, b = percentile(second, q), percentile(first, q)
         ratios[key] = round(mine / ref, 3) if mine and ref else None
+        if q == 0.5:
+            ratios["stock_p50_ms"] = ref
         ratios[f"{key}_aa"] = round(a / b, 3) if a and b else None
     return ratios
 
