@@ -41,3 +41,27 @@ def test_a_short_run_serves_every_path_and_keeps_every_latency(tmp_path):
         assert len(lat[path]) == len(lat.get(f"{path}_counted", [])) + len(lat.get(f"{path}_resting", []))
         assert lat.get(f"{path}_counted")
     assert result["continues_sent"] > 0 and result["continue_delay_us"]["p50"] > 0
+    assert result["stand_in"] == "model" and set(result["steal_ticks"]) == {"stock", "thread", "serving", "stock_aa"}
+
+
+@pytest.mark.parametrize("work", ["spin", "stream"])
+def test_a_stand_in_without_the_model_runs_its_loop_on_every_thread(work):
+    """The program of a stand-in that runs ``work`` once it has run the model: the model's loop is
+    replaced, and ``threads`` threads run the work (counted here from the program's threads)."""
+    tool = tool_modules.load("continue_paths")
+    code = tool.STAND_IN.format(tools="/nowhere", name="tiny_ffn", threads=3, ready="/nowhere/ready")
+    program = code[:code.index("while True:")] + tool.THREADED.format(work=tool.WORK[work], threads=3)
+    compile(program, "stand-in", "exec")
+    body = program[program.index("import threading"):].replace("while True:", "for _ in range(2):")
+    started: list = []
+    import threading
+
+    real = threading.Thread.start
+    try:
+        threading.Thread.start = lambda self: (started.append(self), real(self))[-1]
+        exec(body, {})
+    finally:
+        threading.Thread.start = real
+    for thread in started:
+        thread.join()
+    assert len(started) == 2  # and the program's own thread: three

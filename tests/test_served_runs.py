@@ -432,6 +432,55 @@ def test_a_continue_the_thread_has_not_sent_is_sent_once_the_session_is_idle(mon
     assert signals == ["SIGSTOP", "SIGCONT"]  # sent once
 
 
+_follows_cpus = pytest.mark.skipif(
+    served_runs._current_cpu is None,
+    reason="this platform has no sched_getcpu or sched_setaffinity: the continuer's CPU is not followed")
+
+
+@_follows_cpus
+def test_the_continuer_is_kept_on_the_cpu_of_the_serving_thread_that_asks_for_a_continue(monkeypatch):
+    """Each request from a serving thread on another CPU moves the continuer's thread there; its
+    affinity is read back from the OS."""
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    continuer = served._continuer
+    assert _until(lambda: continuer._tid != 0)
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        for cpu in allowed[:2] + allowed[:1]:
+            os.sched_setaffinity(0, {cpu})  # the serving thread (this one) on ``cpu``
+            _to_a_running_gap(served, clock)
+            assert os.sched_getaffinity(continuer._tid) == {cpu} and continuer._cpu == cpu
+            assert _until(lambda: signals[-1] == "SIGCONT")
+    finally:
+        os.sched_setaffinity(0, allowed)
+        served.hold(None)
+
+
+@_follows_cpus
+def test_a_continuer_the_os_refuses_to_move_gets_every_cpu_and_is_left_there(monkeypatch):
+    served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
+    continuer = served._continuer
+    assert _until(lambda: continuer._tid != 0)
+    tid, allowed, setaffinity = continuer._tid, os.sched_getaffinity(0), os.sched_setaffinity
+    asked: list = []
+
+    def refusing(pid, cpus):
+        asked.append(set(cpus))
+        if len(cpus) == 1:
+            raise OSError(22, "Invalid argument")
+        setaffinity(pid, cpus)
+
+    monkeypatch.setattr(os, "sched_setaffinity", refusing)
+    _to_a_running_gap(served, clock)
+    assert len(asked) == 2 and len(asked[0]) == 1 and asked[1] == allowed  # one CPU asked for, then every CPU
+    assert os.sched_getaffinity(tid) == allowed
+    assert continuer._tid == 0 and continuer._cpu == -1
+    assert _until(lambda: signals[-1] == "SIGCONT")  # the continue is still sent
+    _to_a_running_gap(served, clock)
+    assert len(asked) == 2  # not asked again
+    served.hold(None)
+
+
 def test_a_thread_lowered_to_the_lowest_priority_runs_there():
     """``child_process.lowest_priority`` (the continuer's thread calls it first) lowers the calling
     thread only: Linux's SCHED_IDLE, else nice 19."""

@@ -4,7 +4,8 @@ process (the same model run in a loop by ORT at the lowest CPU priority, as the 
 its timings), once per continue path, beside plain stock sessions.
 
     python tools/continue_paths.py --models silero_vad_16k_op15[,ppocr_mobile_v2_cls,...] [--seconds 40]
-                                   [--phase 0.25] [--gap 2x] [--threads 2] [--json benchmarks/results/]
+                                   [--phase 0.25] [--gap 2x] [--threads 2] [--stand-in model|spin|stream]
+                                   [--json benchmarks/results/]
 
 One process per model (as ``tools/auto_bench.py``, whose models, feeds and gap this takes), CPU
 provider, ORT_ENABLE_ALL, pool threads not spinning. The serving loop serves single requests, each an
@@ -19,7 +20,10 @@ idle gap after the previous one ended, in rotating phases of ``--phase`` seconds
 Per path: p50, p99 and p99.9 over stock's, and the share of requests over 4 times stock's p50, for all
 of its requests and for those that took the counted path (after a gap the process may have run in)
 and the resting path; and how long after a run's end the continuer's thread sent its SIGCONT. A
-request's latency runs from its arrival to its end. The JSON file (``--json``: a folder takes
+request's latency runs from its arrival to its end. ``--stand-in`` separates the process's CPU time
+from its memory traffic: once it has run the model, the stand-in runs the model's loop, a loop that
+stays in the core's own cache, or a stream through memory. The machine's steal time (what the host
+took from its virtual CPUs) is summed per path. The JSON file (``--json``: a folder takes
 ``continue_paths-<models>-<date>.json``) keeps every latency (µs) by path and state.
 """
 
@@ -55,14 +59,29 @@ pathlib.Path({ready!r}).touch()
 while True:
     session.run(None, feeds[0])
 """
+# The stand-in's work apart from the model, on as many threads as the model's runs (numpy lets go of the
+# interpreter in both): CPU time with next to no memory traffic (a square root over 16 KiB, in the core's
+# own cache), or a stream through buffers beyond the last-level cache (memory traffic, every line evicted)
+WORK = {"model": "", "spin": "a = np.full(2048, 2.0)\n    while True:\n        np.sqrt(a, out=a)\n",
+        "stream": "a = np.ones(1 << 23); b = np.empty_like(a)\n    while True:\n        np.copyto(b, a)\n"}
+THREADED = """import threading, numpy as np
+def work():
+    {work}
+for _ in range({threads} - 1):
+    threading.Thread(target=work, daemon=True).start()
+work()
+"""
 
 
-def _stand_in(name: str, threads: int, folder: str) -> subprocess.Popen:
-    """The stand-in tuning process, stopped once it has run the model."""
+def _stand_in(name: str, threads: int, folder: str, work: str = "model") -> subprocess.Popen:
+    """The stand-in tuning process, stopped once it has run the model (``work``: what it runs then, the
+    model's loop or one of ``WORK``)."""
     from ortfuse.foundation import child_process
 
     ready = os.path.join(folder, "ready")
     code = STAND_IN.format(tools=str(Path(__file__).resolve().parent), name=name, threads=threads, ready=ready)
+    if WORK[work]:
+        code = code[:code.index("while True:")] + THREADED.format(work=WORK[work], threads=threads)
     process = subprocess.Popen(child_process.idle_argv([sys.executable, "-c", code]))
     deadline = time.monotonic() + 120
     while not os.path.exists(ready):
@@ -109,8 +128,9 @@ def child(name: str, args) -> dict:
     served_runs._signal = timed
     run = ort.InferenceSession.run
     lat: dict[str, list[int]] = {}
+    steal: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="ortfuse-continue-") as folder:
-        process = _stand_in(name, args.threads, folder)
+        process = _stand_in(name, args.threads, folder, args.stand_in)
         try:
             next_arrival, n, phase, end_at = time.perf_counter(), 0, 0, time.perf_counter() + args.seconds
             while time.perf_counter() < end_at:
@@ -119,6 +139,7 @@ def child(name: str, args) -> dict:
                 live = served.get(path_name)
                 if live is not None:
                     live.hold(process)
+                before = _steal_ticks()
                 until = time.perf_counter() + args.phase
                 while time.perf_counter() < until:
                     time.sleep(max(0.0, next_arrival - time.perf_counter()))
@@ -135,6 +156,7 @@ def child(name: str, args) -> dict:
                     if state:
                         lat.setdefault(path_name + state, []).append(us)
                     n, next_arrival = n + 1, end + gap
+                steal[path_name] = steal.get(path_name, 0) + _steal_ticks() - before
                 if live is not None:
                     live.hold(None)
                     os.kill(process.pid, signal.SIGSTOP)
@@ -143,7 +165,19 @@ def child(name: str, args) -> dict:
             process.wait()
     return {"model": name, "gap_ms": round(gap * 1e3, 3), "summary": summary(lat),
             "continue_delay_us": {f"p{q}": round(percentile(delays, q / 100) * 1e6, 1) for q in (10, 50, 90)}
-            if delays else None, "continues_sent": len(delays), "latencies_us": lat}
+            if delays else None, "continues_sent": len(delays), "stand_in": args.stand_in,
+            "steal_ticks": steal, "latencies_us": lat}
+
+
+def _steal_ticks() -> int:
+    """The machine's steal time so far (/proc/stat, in USER_HZ ticks: time its virtual CPUs were ready
+    but the host ran something else); 0 where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return 0
+    return int(fields[8]) if fields[0] == "cpu" and len(fields) > 8 else 0
 
 
 def summary(lat: dict[str, list[int]]) -> dict:
@@ -168,6 +202,8 @@ def line(r: dict) -> str:
             f"p99 {v['p99_over_stock']}, p99.9 {v['p99.9_over_stock']}; over {SLOW:g}x stock's p50: "
             f"{v['slow_share']:.2%}" for k, v in r["summary"].items()]
     delay = r.get("continue_delay_us")
+    steal = r.get("steal_ticks")
+    rows.append(f"  steal time by path (ticks): {steal}; stand-in: {r.get('stand_in', 'model')}")
     tail = (f"  the continuer's SIGCONT after the run's end: {delay} us ({r['continues_sent']} sent)" if delay
             else "  the continuer sent no SIGCONT")
     return "\n".join([f"{r['model']}: gap {r['gap_ms']} ms", *rows, tail])
@@ -180,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", type=float, default=0.25, help="seconds each path serves at a time")
     ap.add_argument("--gap", default="2x", help="idle gap after each request: '50ms', or '2x' stock's p50")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session and the stand-in")
+    ap.add_argument("--stand-in", choices=sorted(WORK), default="model",
+                    help="what the stand-in process runs: the model's loop (as the tuning's timings), a CPU loop "
+                         "with next to no memory traffic, or a stream through buffers beyond the last-level cache")
     ap.add_argument("--json", default="", help="result file, or a folder for the default name")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
