@@ -26,14 +26,16 @@ def test_the_summary_compares_each_path_with_stock_at_the_same_quantile():
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="the paths stop and continue a process: POSIX signals")
-def test_a_short_run_serves_every_path_and_keeps_every_latency(tmp_path):
+@pytest.mark.parametrize("spinning", ["off", "on"])
+def test_a_short_run_serves_every_path_and_keeps_every_latency(tmp_path, spinning):
     out = tmp_path / "result.json"
     done = subprocess.run([sys.executable, str(tool_modules.TOOLS / "continue_paths.py"), "--models", "tiny_ffn",
-                           "--seconds", "2", "--phase", "0.1", "--json", str(out)],
+                           "--seconds", "2", "--phase", "0.1", "--spinning", spinning, "--json", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(out.read_text())["results"][0]
-    assert result["model"] == "tiny_ffn"
+    document = json.loads(out.read_text())
+    result = document["results"][0]
+    assert result["model"] == "tiny_ffn" and document["settings"]["spinning"] == spinning
     lat, summary = result["latencies_us"], result["summary"]
     for path in ("stock", "thread", "serving", "stock_aa"):
         assert summary[path]["n"] == len(lat[path]) > 0 and min(lat[path]) > 0

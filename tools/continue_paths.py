@@ -4,12 +4,14 @@ process (the same model run in a loop by ORT at the lowest CPU priority, as the 
 its timings), once per continue path, beside plain stock sessions.
 
     python tools/continue_paths.py --models silero_vad_16k_op15[,ppocr_mobile_v2_cls,...] [--seconds 40]
-                                   [--phase 0.25] [--gap 2x] [--threads 2] [--stand-in model|spin|stream]
+                                   [--phase 0.25] [--gap 2x] [--threads 2] [--spinning off|on]
+                                   [--stand-in model|spin|stream]
                                    [--json benchmarks/results/]
 
 One process per model (as ``tools/auto_bench.py``, whose models, feeds and gap this takes), CPU
-provider, ORT_ENABLE_ALL, pool threads not spinning. The serving loop serves single requests, each an
-idle gap after the previous one ended, in rotating phases of ``--phase`` seconds:
+provider, ORT_ENABLE_ALL, pool threads not spinning (``--spinning on``: ORT's default). The serving
+loop serves single requests, each an idle gap after the previous one ended, in rotating phases of
+``--phase`` seconds:
 
 - ``stock``: ORT's run, the stand-in process stopped;
 - ``thread``: through ``ServedRuns.counted`` holding the stand-in, SIGCONT sent by the continuer's
@@ -103,8 +105,9 @@ def child(name: str, args) -> dict:
 
     path, feeds = auto_bench.model_and_feeds(name)
     cpu = ["CPUExecutionProvider"]
+    spinning = args.spinning == "on"
     sessions = {p: ort.InferenceSession(path, measuring_options("ORT_ENABLE_ALL", threads=args.threads,
-                                                                spinning=False), providers=cpu) for p in PATHS}
+                                                                spinning=spinning), providers=cpu) for p in PATHS}
     for i in range(50):
         for s in sessions.values():
             s.run(None, feeds[i % 8])
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", type=float, default=0.25, help="seconds each path serves at a time")
     ap.add_argument("--gap", default="2x", help="idle gap after each request: '50ms', or '2x' stock's p50")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every session and the stand-in")
+    ap.add_argument("--spinning", choices=("on", "off"), default="off",
+                    help="the sessions' pool threads spin after a run (ORT's default) or sleep at once")
     ap.add_argument("--stand-in", choices=sorted(WORK), default="model",
                     help="what the stand-in process runs: the model's loop (as the tuning's timings), a CPU loop "
                          "with next to no memory traffic, or a stream through buffers beyond the last-level cache")
