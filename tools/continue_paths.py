@@ -9,9 +9,10 @@ its timings), once per continue path, beside plain stock sessions.
                                    [--json benchmarks/results/]
 
 One process per model (as ``tools/auto_bench.py``, whose models, feeds and gap this takes), CPU
-provider, ORT_ENABLE_ALL, pool threads not spinning (``--spinning on``: ORT's default). The serving
-loop serves single requests, each an idle gap after the previous one ended, in rotating phases of
-``--phase`` seconds:
+provider, ORT_ENABLE_ALL, pool threads not spinning (``--spinning on``: ORT's default, with an idle
+settle after each phase, as ``ortfuse bench --block``'s, in which the last phase's pool threads stop
+spinning). The serving loop serves single requests, each an idle gap after the previous one ended,
+in rotating phases of ``--phase`` seconds:
 
 - ``stock``: ORT's run, the stand-in process stopped;
 - ``thread``: through ``ServedRuns.counted`` holding the stand-in, SIGCONT sent by the continuer's
@@ -100,6 +101,7 @@ def child(name: str, args) -> dict:
 
     import onnxruntime as ort
 
+    from ortfuse.bench.run import DEFAULT_SETTLE_MS
     from ortfuse.foundation.session_options import measuring_options
     from ortfuse.runtime import served_runs
 
@@ -163,6 +165,9 @@ def child(name: str, args) -> dict:
                 if live is not None:
                     live.hold(None)
                     os.kill(process.pid, signal.SIGSTOP)
+                if spinning:  # the phase's pool threads spin on and would take a core from the next phase
+                    time.sleep(DEFAULT_SETTLE_MS / 1e3)
+                    next_arrival = time.perf_counter()
         finally:
             process.kill()
             process.wait()
