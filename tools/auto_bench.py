@@ -51,9 +51,9 @@ Phases:
    above. Stock served only before or after the tuning cannot be its reference: a shared machine
    drifts by more than the p50 target from one minute to the next, and blocks that alternate
    through the tuning meet the same drift. With ``--spinning on`` each block ends with an idle
-   settle (``ortfuse bench``'s): the last block's session's pool threads spin on for tens of
-   milliseconds and would take a core from the next block's first requests. The tuning is held
-   through it as through a stock block, so that it still gets only the serving loop's gaps;
+   settle (``ortfuse bench``'s, in which the tuning process runs): the last block's session's pool
+   threads spin on for tens of milliseconds and would take a core from the next block's first
+   requests;
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
@@ -264,17 +264,10 @@ def child(name: str, args) -> dict:
     settle_s = DEFAULT_SETTLE_MS / 1e3 if args.alone and args.spinning == "on" else 0.0
 
     def settle() -> None:
-        """Idle until the last block's pool threads have stopped spinning, the tuning held as in a
-        stock block; the next request arrives after it."""
+        """Idle until the last block's pool threads have stopped spinning; the next request arrives
+        after it."""
         if settle_s:
-            held = live.served if live is not None else None
-            if held is not None:
-                held.begin()
-            try:
-                time.sleep(settle_s)
-            finally:
-                if held is not None:
-                    held.end()
+            time.sleep(settle_s)
             next_arrival[0] = time.perf_counter()
 
     def serve() -> None:
