@@ -50,10 +50,7 @@ Phases:
    rests as on a server with nothing else to serve, and stock's blocks alternate with them as
    above. Stock served only before or after the tuning cannot be its reference: a shared machine
    drifts by more than the p50 target from one minute to the next, and blocks that alternate
-   through the tuning meet the same drift. With ``--spinning on`` each block ends with an idle
-   settle (``ortfuse bench``'s, in which the tuning process runs): the last block's session's pool
-   threads spin on for tens of milliseconds and would take a core from the next block's first
-   requests;
+   through the tuning meet the same drift;
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
@@ -259,24 +256,11 @@ def child(name: str, args) -> dict:
             if held is not None:
                 held.end()
 
-    from ortfuse.bench.run import DEFAULT_SETTLE_MS
-
-    settle_s = DEFAULT_SETTLE_MS / 1e3 if args.alone and args.spinning == "on" else 0.0
-
-    def settle() -> None:
-        """Idle until the last block's pool threads have stopped spinning; the next request arrives
-        after it."""
-        if settle_s:
-            time.sleep(settle_s)
-            next_arrival[0] = time.perf_counter()
-
     def serve() -> None:
         cycle, seconds = 0, args.phase if args.alone else 0.0
         while not stop.is_set():
             serve_block("auto", seconds)
-            settle()
             serve_block(("stock", "stock_aa")[cycle % 2], seconds)
-            settle()
             cycle += 1
             if count[0] >= args.served:
                 reached.set()
@@ -304,6 +288,8 @@ def child(name: str, args) -> dict:
 
     # with spinning, one session's threads spin into the next one's run: blocks after a settle instead
     # (ortfuse bench --block; docs/ARCHITECTURE.md §8)
+    from ortfuse.bench.run import DEFAULT_SETTLE_MS
+
     blocks = {"block": SPIN_BLOCK, "settle_s": DEFAULT_SETTLE_MS / 1e3} if args.spinning == "on" else {}
     raw = protocol.measure({k: runner(s) for k, s in sessions.items()}, runs=args.runs, repeats=args.repeats, warmup=2,
                            **blocks)
