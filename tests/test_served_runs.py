@@ -440,7 +440,11 @@ _follows_cpus = pytest.mark.skipif(
 @_follows_cpus
 def test_the_continuer_is_kept_on_the_cpu_of_the_serving_thread_that_asks_for_a_continue(monkeypatch):
     """Each request from a serving thread on another CPU moves the continuer's thread there; its
-    affinity is read back from the OS."""
+    affinity is read back from the OS. The CPU is read without letting go of the interpreter (a
+    ``PyDLL`` function), which would let another thread run in the middle of the request's path."""
+    import ctypes
+
+    assert served_runs._current_cpu._flags_ & ctypes._FUNCFLAG_PYTHONAPI
     served, signals, clock, _ = _served(monkeypatch, defer_continue=True)
     continuer = served._continuer
     assert _until(lambda: continuer._tid != 0)

@@ -522,13 +522,15 @@ def remove(path: str) -> None:
 
 def _cpu_reader() -> Callable[[], int] | None:
     """libc's ``sched_getcpu`` (the calling thread's CPU, read without a system call where the
-    platform has a vDSO or RDPID for it), or None where it or ``os.sched_setaffinity`` is missing."""
+    platform has a vDSO or RDPID for it), or None where it or ``os.sched_setaffinity`` is missing.
+    Called through ``PyDLL``, which keeps the interpreter: a ``CDLL`` call lets it go and takes it
+    back, and another thread waiting for it would run then, in the middle of a request's path."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     try:
         import ctypes
 
-        getcpu = ctypes.CDLL(None).sched_getcpu
+        getcpu = ctypes.PyDLL(None).sched_getcpu
     except (OSError, AttributeError):
         return None
     getcpu.restype, getcpu.argtypes = ctypes.c_int, []
