@@ -15,13 +15,13 @@ import tool_modules
 def test_requests_are_grouped_by_their_place_in_the_turn():
     tool = tool_modules.load("served_turns")
     turns = [(10.0, 10.25, 3), (10.3, 10.55, 2)]
-    trace = [(10.001, "auto", "tuning", 2.0, "running", 0.1),  # 1 ms into its turn
-             (10.01, "auto", "tuning", 0.2, "stopped", 0.1),
-             (10.2, "auto", "after", 0.2, "none", 0.1),  # after the tuning: not counted
-             (10.302, "stock_aa", "tuning", 0.2, "stopped", 0.1),
-             (10.4, "stock", "recording", 0.3, "stopped", 0.1)]
+    trace = [(10.001, "auto", "tuning", 2.0, "running", 0.1, 1.5),  # 1 ms into its turn
+             (10.01, "auto", "tuning", 0.2, "stopped", 0.1, 0.15),
+             (10.2, "auto", "after", 0.2, "none", 0.1, 0.15),  # after the tuning: not counted
+             (10.302, "stock_aa", "tuning", 0.2, "stopped", 0.1, 0.15),
+             (10.4, "stock", "recording", 0.3, "stopped", 0.1, 0.25)]
     out = tool.by_place(trace, turns, stock_p50_ms=0.2)
-    assert out["auto_<5ms_running"] == {"n": 1, "p50_ms": 2.0, "slow_share": 1.0}  # over 4 x 0.2 ms
+    assert out["auto_<5ms_running"] == {"n": 1, "p50_ms": 2.0, "c_run_p50_ms": 1.5, "slow_share": 1.0}  # > 4 x 0.2
     assert out["auto_<80ms_stopped"]["n"] == 1 and out["auto_<80ms_stopped"]["slow_share"] == 0.0
     assert out["stock_<5ms"]["n"] == 1 and out["stock_rest"]["n"] == 1  # both stock sessions as "stock"
     assert not any(key.startswith("auto_rest") for key in out)
@@ -51,5 +51,6 @@ def test_a_short_run_serves_every_session_in_turns_that_never_overlap(tmp_path):
     roles = ("auto", "stock", "stock_aa")
     served = {role: sum(1 for row in result["served_trace"] if row[1] == role) for role in roles}
     assert served == {role: sum(n for *_, n, r in turns if r == role) for role in served}
+    assert all(0 < row[6] <= row[3] for row in result["served_trace"])  # the C run within the request
     assert result["by_gap"]["auto_running"]["n"] > 0  # the tuning process ran in auto's gaps
     assert result["during_tuning"]["p50"] > 0 and set(result["verdicts"]) == {"tuned", "p50_tuning", "p99_tuning"}

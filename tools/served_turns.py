@@ -24,8 +24,10 @@ the end of auto's last turn. Verdicts as ``auto_bench``'s ``p50_tuning`` and ``p
 requests while it recorded and tuned over both stock sessions' in the same span, pooled); the
 requests are also grouped by the tuning process in the gap before them and by their place in the
 turn (``by_place``: a cold start of a turn would show in its first milliseconds). ``--trace`` keeps
-every request (arrival, session, state, ms, the tuning process in the gap before, wake-up ms) and
-every turn in the JSON file.
+every request (arrival, session, state, ms, the tuning process in the gap before, wake-up ms, the C
+run's ms: ORT's run of its C session, timed by the same proxy in every process) and every turn in
+the JSON file. After the tuning every session serves ``--after-served`` more requests (auto on its
+final plan: a session that keeps nothing against stock, in the same turns).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import auto_bench  # noqa: E402
+from served_path import TimedC  # noqa: E402
 from served_requests import (  # noqa: E402
     by_gap,
     gap_state,
@@ -95,6 +98,8 @@ def worker(args) -> int:
         session = ort.InferenceSession(path, options(), providers=cpu)
     live = getattr(session, "_ortfuse_live", None)
     served = live.served if live is not None else None
+    marks: dict = {}
+    session._sess = TimedC(session._sess, "c", marks)  # the same proxy in every process: the C run's share
     statuses = [session.fusion_status] if role == "auto" else []
     lat: dict[str, list[float]] = {}
     trace: list = []
@@ -119,20 +124,22 @@ def worker(args) -> int:
         until, gap, n = start + command["seconds"], command["gap_s"], 0
         arrival = start
         while True:
-            time.sleep(max(0.0, arrival - time.perf_counter()))
-            woke = time.perf_counter()
             label = command["label"]
-            if role == "auto":
+            if role == "auto":  # read in the gap, before the request arrives: not part of its latency
                 status = session.fusion_status
                 if status != statuses[-1]:
                     statuses.append(status)
                 label = phase(status)
+            time.sleep(max(0.0, arrival - time.perf_counter()))
+            woke = time.perf_counter()
             process = gap_state(served)
             session.run(None, feeds[n % len(feeds)])
             end = time.perf_counter()
             ms = (end - arrival) * 1e3
             lat.setdefault(f"{role}_{label}", []).append(ms)
-            trace.append((round(arrival, 6), role, label, round(ms, 4), process, round((woke - arrival) * 1e3, 4)))
+            c_start, c_end = marks["c"]
+            trace.append((round(arrival, 6), role, label, round(ms, 4), process, round((woke - arrival) * 1e3, 4),
+                          round((c_end - c_start) * 1e3, 4)))
             n += 1
             arrival = end + gap
             if arrival >= until:
@@ -189,8 +196,8 @@ class _Process:
 
 def run_turns(name: str, args) -> dict:
     """One pass: the three processes (a new empty ``ORTFUSE_CACHE_DIR``), their turns until auto has
-    served ``--served`` requests, tuned and served ``--after-served`` more (or ``--wait`` seconds
-    passed since the ``--served``-th), and what they served."""
+    served ``--served`` requests and tuned, and every session has served ``--after-served`` requests
+    after that (or ``--wait`` seconds passed since the ``--served``-th), and what they served."""
     from ortfuse.bench.environment import environment
 
     folder = tempfile.mkdtemp(prefix="ortfuse-served-turns-")
@@ -207,7 +214,8 @@ def run_turns(name: str, args) -> dict:
             if "p50_ms" in ready:
                 gap_s = auto_bench._gap_s(args.gap, ready["p50_ms"])
             processes[role].signal("SIGSTOP")
-        label, served, after, reached_at, tuned, turn = "recording", 0, 0, None, False, 0
+        label, served, reached_at, tuned, turn = "recording", 0, None, False, 0
+        after = dict.fromkeys(ROLES, 0)  # requests served after the tuning ended, per session
         while True:
             process = processes[TURNS[turn % len(TURNS)]]
             turn += 1
@@ -217,10 +225,10 @@ def run_turns(name: str, args) -> dict:
             if process.role == "auto":
                 label, tuned = answer["phase"], answer["tuned"]
                 served += answer["n"]
-                after += answer["n"] if label == "after" else 0
                 if served >= args.served and reached_at is None:
                     reached_at = time.perf_counter()
-            if reached_at is not None and ((tuned and after >= args.after_served)
+            after[process.role] += answer["n"] if label == "after" else 0
+            if reached_at is not None and ((tuned and min(after.values()) >= args.after_served)
                                            or time.perf_counter() - reached_at > args.wait):
                 break
         done = {}
@@ -238,21 +246,27 @@ def run_turns(name: str, args) -> dict:
 def by_place(trace: list, turns: list, stock_p50_ms: float | None, slow: float = 4.0) -> dict:
     """Requests served while auto recorded and tuned, by session, their place in the turn (``PLACES``:
     seconds since the turn began) and, for auto, the tuning process in the gap before: how many, their
-    p50 (ms) and the share over ``slow`` x stock's p50."""
+    p50 (ms), the p50 of their C run (ORT's run of the C session: what the Python around it does not
+    reach) and the share over ``slow`` x stock's p50."""
     starts = sorted(t[0] for t in turns)
-    groups: dict[str, list[float]] = {}
+    groups: dict[str, list[tuple[float, float]]] = {}
     import bisect
 
-    for arrival, role, state, ms, process, _ in trace:
+    for arrival, role, state, ms, process, _, c_run in trace:
         if state not in ("recording", "tuning"):
             continue
         since = arrival - starts[max(0, bisect.bisect_right(starts, arrival) - 1)]
         place = next((f"<{round(b * 1e3)}ms" for b in PLACES if since < b), "rest")
         key = f"{'stock' if role.startswith('stock') else role}_{place}" + (f"_{process}" if role == "auto" else "")
-        groups.setdefault(key, []).append(ms)
-    return {k: {"n": len(v), "p50_ms": percentile(v, 0.5),
-                "slow_share": round(sum(x > slow * stock_p50_ms for x in v) / len(v), 4) if stock_p50_ms else None}
-            for k, v in sorted(groups.items())}
+        groups.setdefault(key, []).append((ms, c_run))
+    out = {}
+    for key, rows in sorted(groups.items()):
+        ms_list = [ms for ms, _ in rows]
+        out[key] = {"n": len(rows), "p50_ms": percentile(ms_list, 0.5),
+                    "c_run_p50_ms": percentile([c for _, c in rows], 0.5),
+                    "slow_share": round(sum(x > slow * stock_p50_ms for x in ms_list) / len(rows), 4)
+                    if stock_p50_ms else None}
+    return out
 
 
 def plan_turn_seconds(turns: list, first: float, seconds: float | None) -> float | None:
@@ -339,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", default="2x", help="idle gap after each served request: '50ms', or '2x' stock's p50")
     ap.add_argument("--phase", type=float, default=0.25, help="seconds per turn")
     ap.add_argument("--served", type=int, default=30, help="auto's served requests before the tuning is waited for")
-    ap.add_argument("--after-served", type=int, default=200, help="auto's requests served after the tuning ended")
+    ap.add_argument("--after-served", type=int, default=200,
+                    help="requests each session serves after the tuning ended (auto on its final plan)")
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the tuning after --served")
     ap.add_argument("--passes", type=int, default=1, help="fresh processes (empty caches) per model")
     ap.add_argument("--trace", action="store_true", help="keep every request and turn in the JSON file")
