@@ -27,6 +27,21 @@ def test_requests_are_grouped_by_their_place_in_the_turn():
     assert not any(key.startswith("auto_rest") for key in out)
 
 
+def test_requests_are_grouped_by_how_long_ago_the_tuning_process_ran():
+    tool = tool_modules.load("served_turns")
+    row = (0.0, "auto", "tuning", 0.3, "stopped", 0.1, 0.15)  # arrival, session, state, ms, process, wake, C run
+    trace = [row,  # before the process first ran
+             (0.0, "auto", "tuning", 0.4, "running", 0.1, 0.2), row, row, row,
+             (0.0, "stock", "tuning", 0.25, "stopped", 0.05, 0.15),
+             (0.0, "stock_aa", "tuning", 0.35, "stopped", 0.1, 0.2),
+             (0.0, "auto", "after", 0.2, "none", 0.1, 0.1)]  # after the tuning: not counted
+    out = tool.by_distance(trace)
+    assert set(out) == {"never", "0", "<=1", "<=2", "<=4", "stock"}
+    assert out["0"] == {"n": 1, "p50_ms": 0.4, "c_run_p50_ms": 0.2, "wake_p50_ms": 0.1, "python_p50_ms": 0.1}
+    assert out["<=4"]["n"] == 1 and out["<=2"]["n"] == 1 and out["never"]["n"] == 1
+    assert out["stock"]["n"] == 2 and out["stock"]["python_p50_ms"] == 0.05  # nearest rank of 0.05 and 0.05
+
+
 def test_time_to_plan_in_auto_turns_counts_only_their_seconds_before_the_plan():
     tool = tool_modules.load("served_turns")
     turns = [(0.0, 1.0, 5), (2.0, 3.0, 5), (4.0, 5.0, 5)]

@@ -23,7 +23,9 @@ request's latency runs from its arrival to its end. Stock's requests are labelle
 the end of auto's last turn. Verdicts as ``auto_bench``'s ``p50_tuning`` and ``p99_tuning`` (auto's
 requests while it recorded and tuned over both stock sessions' in the same span, pooled); the
 requests are also grouped by the tuning process in the gap before them and by their place in the
-turn (``by_place``: a cold start of a turn would show in its first milliseconds). ``--trace`` keeps
+turn (``by_place``: a cold start of a turn would show in its first milliseconds) and by how many
+requests ago the tuning process last ran (``by_distance``: how far its work's cost reaches, split
+into the C run, the wake-up and the Python around the run). ``--trace`` keeps
 every request (arrival, session, state, ms, the tuning process in the gap before, wake-up ms, the C
 run's ms: ORT's run of its C session, timed by the same proxy in every process) and every turn in
 the JSON file. After the tuning every session serves ``--after-served`` more requests (auto on its
@@ -269,6 +271,37 @@ def by_place(trace: list, turns: list, stock_p50_ms: float | None, slow: float =
     return out
 
 
+DISTANCES = (0, 1, 2, 4, 16, 32)  # by_distance's upper bounds: requests since the process last ran
+
+
+def by_distance(trace: list) -> dict:
+    """Auto's requests while it recorded and tuned by how many requests ago the tuning process last ran
+    in a gap (0: the request right after such a gap; "more": further, or across other turns; "never":
+    before its first), against both stock sessions' requests in the same span: how many, and the p50
+    of the request (ms), of its C run, of the serving thread's wake-up and of the Python around the C
+    run (the rest of the request)."""
+    groups: dict[str, list[tuple[float, float, float]]] = {}
+    since = None
+    for _, role, state, ms, process, wake, c_run in trace:
+        if state not in ("recording", "tuning"):
+            continue
+        if role != "auto":
+            key = "stock"
+        elif process == "running":
+            since, key = 0, "0"
+        elif since is None:
+            key = "never"
+        else:
+            since += 1
+            key = next((f"<={b}" for b in DISTANCES[1:] if since <= b), "more")
+        groups.setdefault(key, []).append((ms, c_run, wake))
+    return {key: {"n": len(rows), "p50_ms": percentile([r[0] for r in rows], 0.5),
+                  "c_run_p50_ms": percentile([r[1] for r in rows], 0.5),
+                  "wake_p50_ms": percentile([r[2] for r in rows], 0.5),
+                  "python_p50_ms": round(percentile([r[0] - r[1] - r[2] for r in rows], 0.5), 4)}
+            for key, rows in groups.items()}
+
+
 def plan_turn_seconds(turns: list, first: float, seconds: float | None) -> float | None:
     """Seconds of auto's turns from ``first`` (its first served run) until ``seconds`` after it."""
     if seconds is None:
@@ -299,6 +332,7 @@ def summary(name: str, args, done: dict, gap_s: float | None, tuned: bool, env_b
               "tuning_timeline": timeline, "during_tuning": ratios,
               "summary": {k: latency_summary(v) for k, v in sorted(lat.items())},
               "by_gap": by_gap(relative), "by_place": by_place(trace, turns, ratios["stock_p50_ms"]),
+              "by_distance": by_distance(trace),
               "slow_by_step": [{k: v for k, v in row.items() if k != "slow_ms"}
                                for row in slow_by_step(relative, timeline, ratios["stock_p50_ms"])],
               "verdicts": verdicts, "environment": env_before,
@@ -321,6 +355,9 @@ def _line(r: dict) -> str:
             f"  while tuning: auto / stock p50 {d['p50']} (A/A {d['p50_aa']}), p99 {d['p99']} (A/A {d['p99_aa']})\n"
             f"  by the tuning process in the gap before: "
             + ", ".join(f"{k} n={g['n']} {g['p50_ms']:.3f} ms" for k, g in r["by_gap"].items()) + "\n"
+            "  by requests since the process last ran (p50 ms; C run): "
+            + ", ".join(f"{k} n={g['n']} {g['p50_ms']:.3f} ({g['c_run_p50_ms']:.3f})"
+                        for k, g in r["by_distance"].items()) + "\n"
             f"  verdicts: {r['verdicts']}")
 
 
