@@ -50,7 +50,9 @@ Phases:
    rests as on a server with nothing else to serve, and stock's blocks alternate with them as
    above. Stock served only before or after the tuning cannot be its reference: a shared machine
    drifts by more than the p50 target from one minute to the next, and blocks that alternate
-   through the tuning meet the same drift;
+   through the tuning meet the same drift. With ``--spinning on`` the last block's session's pool
+   threads spin on into the next block (``tools/served_turns.py`` serves each session from a
+   process of its own, stopped between its turns, for that);
    time to the plan: served runs and seconds from the first served run until the final plan took
    effect (``LiveTuning.time_to_plan``), with the tuning process's CPU seconds;
 2. interleaved (``ortfuse.foundation.protocol``: single runs in Williams rounds, ``--repeats`` repeats of
