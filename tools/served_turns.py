@@ -18,8 +18,8 @@ tuning process stopped: it gets the auto loop's gaps only, as in ``auto_bench --
 wall time to the plan is about twice a loop's of its own; ``time_to_plan`` reports both the wall
 seconds and the seconds of auto's turns). Models, feeds, options, the empty cache per pass and the
 gap are ``tools/auto_bench.py``'s (the gap from a throwaway stock session in the stock process).
-Requests arrive an idle gap after the previous one ended, the first of a turn as it begins; a
-request's latency runs from its arrival to its end. Stock's requests are labelled by auto's state at
+Requests arrive an idle gap after the previous one ended, the first of a turn a gap after the turn
+begins (the loop goes on where it stopped); a request's latency runs from its arrival to its end. Stock's requests are labelled by auto's state at
 the end of auto's last turn. Verdicts as ``auto_bench``'s ``p50_tuning`` and ``p99_tuning`` (auto's
 requests while it recorded and tuned over both stock sessions' in the same span, pooled); the
 requests are also grouped by the tuning process in the gap before them and by their place in the
@@ -124,7 +124,9 @@ def worker(args) -> int:
             served.end()
             held = False
         until, gap, n = start + command["seconds"], command["gap_s"], 0
-        arrival = start
+        # the loop goes on where it stopped: the last turn's last request ended, the process was
+        # continued as after any served run (above), and the next request arrives a gap later
+        arrival = start + gap
         while True:
             label = command["label"]
             if role == "auto":  # read in the gap, before the request arrives: not part of its latency
