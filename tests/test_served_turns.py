@@ -67,5 +67,6 @@ def test_a_short_run_serves_every_session_in_turns_that_never_overlap(tmp_path):
     served = {role: sum(1 for row in result["served_trace"] if row[1] == role) for role in roles}
     assert served == {role: sum(n for *_, n, r in turns if r == role) for role in served}
     assert all(0 < row[6] <= row[3] for row in result["served_trace"])  # the C run within the request
+    assert result["clock_origin_s"] > 0  # the trace's times are from it
     assert result["by_gap"]["auto_running"]["n"] > 0  # the tuning process ran in auto's gaps
     assert result["during_tuning"]["p50"] > 0 and set(result["verdicts"]) == {"tuned", "p50_tuning", "p99_tuning"}

@@ -19,16 +19,18 @@ wall time to the plan is about twice a loop's of its own; ``time_to_plan`` repor
 seconds and the seconds of auto's turns). Models, feeds, options, the empty cache per pass and the
 gap are ``tools/auto_bench.py``'s (the gap from a throwaway stock session in the stock process).
 Requests arrive an idle gap after the previous one ended, the first of a turn a gap after the turn
-begins (the loop goes on where it stopped); a request's latency runs from its arrival to its end. Stock's requests are labelled by auto's state at
-the end of auto's last turn. Verdicts as ``auto_bench``'s ``p50_tuning`` and ``p99_tuning`` (auto's
-requests while it recorded and tuned over both stock sessions' in the same span, pooled); the
-requests are also grouped by the tuning process in the gap before them and by their place in the
-turn (``by_place``: a cold start of a turn would show in its first milliseconds) and by how many
-requests ago the tuning process last ran (``by_distance``: how far its work's cost reaches, split
-into the C run, the wake-up and the Python around the run). ``--trace`` keeps
-every request (arrival, session, state, ms, the tuning process in the gap before, wake-up ms, the C
-run's ms: ORT's run of its C session, timed by the same proxy in every process) and every turn in
-the JSON file. After the tuning every session serves ``--after-served`` more requests (auto on its
+begins (the loop goes on where it stopped); a request's latency runs from its arrival to its end.
+Stock's requests are labelled by auto's state at the end of auto's last turn. Verdicts as
+``auto_bench``'s ``p50_tuning`` and ``p99_tuning`` (auto's requests while it recorded and tuned over
+both stock sessions' in the same span, pooled); the requests are also grouped by the tuning process
+in the gap before them, by their place in the turn (``by_place``: a cold start of a turn would show
+in its first milliseconds) and by how many requests ago the tuning process last ran
+(``by_distance``: how far its work's cost reaches, split into the C run, the wake-up and the Python
+around the run). ``--trace`` keeps every request (arrival, session, state, ms, the tuning process in
+the gap before, wake-up ms, the C run's ms: ORT's run of its C session, timed by the same proxy in
+every process) and every turn in the JSON file, on a clock from ``clock_origin_s`` (a
+``time.perf_counter()`` reading: CLOCK_MONOTONIC on Linux, as ``perf record -k mono`` stamps events).
+After the tuning every session serves ``--after-served`` more requests (auto on its
 final plan: a session that keeps nothing against stock, in the same turns).
 """
 
@@ -180,12 +182,15 @@ class _Process:
     def ask(self, command: dict | None = None) -> dict:
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None  # both piped
-        if command is not None:
-            stdin.write(json.dumps(command) + "\n")
-            stdin.flush()
-        while line := stdout.readline():
-            if line.startswith(ANSWER):
-                return json.loads(line[len(ANSWER):])
+        try:
+            if command is not None:
+                stdin.write(json.dumps(command) + "\n")
+                stdin.flush()
+            while line := stdout.readline():
+                if line.startswith(ANSWER):
+                    return json.loads(line[len(ANSWER):])
+        except BrokenPipeError:
+            pass
         raise RuntimeError(f"the {self.role} process ended (exit code {self.proc.wait()})")
 
     def signal(self, name: str) -> None:
@@ -297,11 +302,14 @@ def by_distance(trace: list) -> dict:
             since += 1
             key = next((f"<={b}" for b in DISTANCES[1:] if since <= b), "more")
         groups.setdefault(key, []).append((ms, c_run, wake))
-    return {key: {"n": len(rows), "p50_ms": percentile([r[0] for r in rows], 0.5),
-                  "c_run_p50_ms": percentile([r[1] for r in rows], 0.5),
-                  "wake_p50_ms": percentile([r[2] for r in rows], 0.5),
-                  "python_p50_ms": round(percentile([r[0] - r[1] - r[2] for r in rows], 0.5), 4)}
-            for key, rows in groups.items()}
+    out = {}
+    for key, rows in groups.items():
+        python = percentile([r[0] - r[1] - r[2] for r in rows], 0.5)
+        out[key] = {"n": len(rows), "p50_ms": percentile([r[0] for r in rows], 0.5),
+                    "c_run_p50_ms": percentile([r[1] for r in rows], 0.5),
+                    "wake_p50_ms": percentile([r[2] for r in rows], 0.5),
+                    "python_p50_ms": round(python, 4) if python is not None else None}
+    return out
 
 
 def plan_turn_seconds(turns: list, first: float, seconds: float | None) -> float | None:
@@ -340,6 +348,7 @@ def summary(name: str, args, done: dict, gap_s: float | None, tuned: bool, env_b
               "verdicts": verdicts, "environment": env_before,
               "load_average_after": env_after.get("load_average_1_5_15")}
     if args.trace:
+        result["clock_origin_s"] = started
         result["served_trace"] = relative
         result["turn_trace"] = [(round(a - started, 4), round(b - started, 4), n, role) for a, b, n, role in turns]
     return result
