@@ -404,6 +404,27 @@ def run_child(name: str, args, script: str = __file__, timeout_s: float | None =
     return json.loads(line[len("RESULT "):])
 
 
+def run_passes(names: list[str], passes: int, run: Callable[[str], dict], line: Callable[[dict], str],
+               pool: Callable[[str, list[dict]], dict], pool_line: Callable[[dict], str]) -> tuple[list, list]:
+    """``run(name)`` ``passes`` times per model, each result printed by ``line`` (a pass that raised is
+    reported as an error and the other passes still run); with more than one pass, ``pool`` of the
+    model's passes printed by ``pool_line``. The results and the pooled results."""
+    results, pools = [], []
+    for name in names:
+        done = []
+        for _ in range(passes):
+            try:
+                done.append(run(name))
+            except Exception as exc:  # a timeout, an unreadable result, a process that ended early
+                done.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            print(line(done[-1]), flush=True)
+        results += done
+        if passes > 1:
+            pools.append(pool(name, done))
+            print(pool_line(pools[-1]), flush=True)
+    return results, pools
+
+
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']}: FAILED\n{r['error']}"
@@ -517,19 +538,7 @@ def main(argv: list[str] | None = None) -> int:
 
     groups = {"all": list(NAMES), "public": list(public.NAMES)}
     names = [n for m in args.models.split(",") if m for n in groups.get(m, [m])]
-    results, pools = [], []
-    for name in names:
-        passes = []
-        for _ in range(args.passes):
-            try:
-                passes.append(run_child(name, args))
-            except Exception as exc:  # a timeout or unreadable result: reported, the other passes still run
-                passes.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-            print(_line(passes[-1]), flush=True)
-        results += passes
-        if args.passes > 1:
-            pools.append(pooled(name, passes))
-            print(_pooled_line(pools[-1]), flush=True)
+    results, pools = run_passes(names, args.passes, lambda name: run_child(name, args), _line, pooled, _pooled_line)
     if args.json:
         from ortfuse.bench.output import save_result
 

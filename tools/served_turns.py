@@ -414,19 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     print(f"ortfuse from {auto_bench.checkout()}", flush=True)
     names = [n for n in args.models.split(",") if n]
-    results, pools = [], []
-    for name in names:
-        passes = []
-        for _ in range(args.passes):
-            try:
-                passes.append(run_turns(name, args))
-            except Exception as exc:  # a process that ended early: reported, the other passes still run
-                passes.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-            print(_line(passes[-1]), flush=True)
-        results += passes
-        if args.passes > 1:
-            pools.append(pooled(name, passes))
-            print(f"{name} pooled: {pools[-1]}", flush=True)
+    results, pools = auto_bench.run_passes(names, args.passes, lambda name: run_turns(name, args), _line, pooled,
+                                           lambda r: f"{r['model']} pooled: {r}")
     if args.json:
         from ortfuse.bench.output import save_result
 
