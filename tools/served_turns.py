@@ -103,7 +103,6 @@ def worker(args) -> int:
     live = getattr(session, "_ortfuse_live", None)
     served = live.served if live is not None else None
     marks: dict = {}
-    session._sess = TimedC(session._sess, "c", marks)  # the same proxy in every process: the C run's share
     statuses = [session.fusion_status] if role == "auto" else []
     lat: dict[str, list[float]] = {}
     trace: list = []
@@ -139,6 +138,8 @@ def worker(args) -> int:
             time.sleep(max(0.0, arrival - time.perf_counter()))
             woke = time.perf_counter()
             process = gap_state(served)
+            if not isinstance(session._sess, TimedC):  # the same proxy in every process (after a swap: the new one)
+                session._sess = TimedC(session._sess, "c", marks)
             session.run(None, feeds[n % len(feeds)])
             end = time.perf_counter()
             ms = (end - arrival) * 1e3
