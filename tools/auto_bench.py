@@ -134,6 +134,20 @@ def _gap_s(spec: str, stock_p50_ms: float) -> float:
     raise SystemExit(f"--gap {spec!r}: give milliseconds ('50ms') or a multiple of stock's p50 ('2x')")
 
 
+def cold_stock_p50_ms(path: str, options, feeds: list[dict]) -> float:
+    """Stock ORT's p50 (ms) over 10 runs of a throwaway session made cold, as the served sessions are,
+    cycling through ``feeds``: what ``--gap 2x`` multiplies."""
+    import onnxruntime as ort
+
+    gauge = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    runs = []
+    for i in range(10):
+        start = time.perf_counter()
+        gauge.run(None, feeds[i % len(feeds)])
+        runs.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(runs)
+
+
 # --------------------------------------------------------------------------------------------- child
 
 
@@ -203,14 +217,7 @@ def child(name: str, args) -> dict:
     def options():
         return measuring_options("ORT_ENABLE_ALL", threads=args.threads, spinning=args.spinning == "on")
 
-    def timed(session, feed) -> float:
-        start = time.perf_counter()
-        session.run(None, feed)
-        return (time.perf_counter() - start) * 1e3
-
-    gauge = ort.InferenceSession(path, options(), providers=cpu)  # stock's p50 for the gap, then let go
-    gap = _gap_s(args.gap, statistics.median(timed(gauge, feeds[i % 8]) for i in range(10)))
-    del gauge
+    gap = _gap_s(args.gap, cold_stock_p50_ms(path, options(), feeds))
     # every served session is served from its creation: its first, cold runs count as auto's do
     stock = ort.InferenceSession(path, options(), providers=cpu)
     stock_aa = ort.InferenceSession(path, options(), providers=cpu)

@@ -37,6 +37,7 @@ final plan: a session that keeps nothing against stock, in the same turns).
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as _dt
 import json
 import os
@@ -88,14 +89,7 @@ def worker(args) -> int:
 
     ready: dict = {"role": role}
     if role == "stock":  # stock's p50 for the gap, from a throwaway session (as auto_bench)
-        gauge = ort.InferenceSession(path, options(), providers=cpu)
-        runs = []
-        for i in range(10):
-            start = time.perf_counter()
-            gauge.run(None, feeds[i % len(feeds)])
-            runs.append((time.perf_counter() - start) * 1e3)
-        ready["p50_ms"] = statistics.median(runs)
-        del gauge
+        ready["p50_ms"] = auto_bench.cold_stock_p50_ms(path, options(), feeds)
     if role == "auto":
         session = ortfuse.InferenceSession(path, options(), providers=cpu, fusion="auto")
     else:
@@ -260,8 +254,6 @@ def by_place(trace: list, turns: list, stock_p50_ms: float | None, slow: float =
     reach) and the share over ``slow`` x stock's p50."""
     starts = sorted(t[0] for t in turns)
     groups: dict[str, list[tuple[float, float]]] = {}
-    import bisect
-
     for arrival, role, state, ms, process, _, c_run in trace:
         if state not in ("recording", "tuning"):
             continue
